@@ -1,0 +1,103 @@
+/*
+ * k3_st.h - safetensors checkpoints: parse, index and read.
+ *
+ * A shard is: u64 little-endian header length N, N bytes of JSON
+ *   {"name": {"dtype": "BF16", "shape": [r, c], "data_offsets": [b, e]}, ...,
+ *    "__metadata__": {...}}
+ * then the data; data_offsets are relative to byte 8 + N.
+ *
+ * k3_st_open indexes every tensor of every shard of a checkpoint directory in
+ * one hash table (with or without model.safetensors.index.json; when present
+ * the index and the shards must agree exactly). Every header is hostile: each
+ * rejection names the shard, the tensor and the byte offset.
+ *
+ * Lifetime: a k3_st owns its shard fds, names and tensor table; pointers it
+ * returns are borrowed and valid until k3_st_close.
+ */
+#ifndef K3_ST_H
+#define K3_ST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "k3_err.h"
+
+typedef enum k3_dtype {
+    K3_DT_BF16 = 0,
+    K3_DT_F16,
+    K3_DT_F32,
+    K3_DT_U8,
+    K3_DT_I8,
+    K3_DT_I32,
+    K3_DT_F8_E4M3,
+    K3_DT_F8_E5M2,
+    K3_DT_COUNT
+} k3_dtype;
+
+#define K3_ST_MAX_DIMS 8
+/* Bounds on what a file may make us allocate (documented in FORMAT.md). */
+#define K3_ST_MAX_HEADER   (100u << 20)   /* 100 MiB of header JSON per shard */
+#define K3_ST_MAX_SHARDS   65536u
+#define K3_ST_MAX_NAME     1024u
+
+const char *k3_dtype_name(k3_dtype t);          /* "BF16", ... */
+int k3_dtype_from_name(const char *s, k3_dtype *t); /* 0 or K3_EFORMAT */
+uint32_t k3_dtype_size(k3_dtype t);             /* bytes per element */
+
+typedef struct k3_st_tensor {
+    const char *name;
+    k3_dtype dtype;
+    uint32_t ndim;
+    uint64_t shape[K3_ST_MAX_DIMS];
+    uint32_t shard;          /* index into the checkpoint's shard list */
+    uint64_t offset;         /* absolute byte offset in the shard file */
+    uint64_t nbytes;
+} k3_st_tensor;
+
+typedef struct k3_st k3_st;
+
+/* Flags for k3_st_open. */
+#define K3_ST_DIRECT 1u   /* open shards with O_DIRECT where allowed */
+
+/* Open a checkpoint: dir is a directory (all *.safetensors in it, or those
+ * named by model.safetensors.index.json) or a single .safetensors file. */
+int k3_st_open(k3_st **out, const char *dir, unsigned flags, k3_err *e);
+void k3_st_close(k3_st *st);   /* accepts NULL */
+
+uint64_t k3_st_tensor_count(const k3_st *st);
+const k3_st_tensor *k3_st_tensor_at(const k3_st *st, uint64_t i);   /* sorted by (shard, offset) */
+const k3_st_tensor *k3_st_find(const k3_st *st, const char *name); /* NULL if absent */
+
+uint32_t k3_st_shard_count(const k3_st *st);
+const char *k3_st_shard_path(const k3_st *st, uint32_t shard);
+const char *k3_st_shard_name(const k3_st *st, uint32_t shard);  /* file name only */
+uint64_t k3_st_shard_size(const k3_st *st, uint32_t shard);
+int k3_st_shard_fd(const k3_st *st, uint32_t shard);
+uint64_t k3_st_shard_data_start(const k3_st *st, uint32_t shard); /* 8 + N */
+
+/* Read a whole tensor / a byte range [off, off+n) of it into dst. */
+int k3_st_read(const k3_st *st, const k3_st_tensor *t, void *dst, k3_err *e);
+int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n,
+                     void *dst, k3_err *e);
+
+/*
+ * One shard's header on its own, for k3-verify (which must report every bad
+ * shard, not stop at the first) and for fuzzing. hdr/hdr_len is the JSON text
+ * (the N bytes after the length prefix), file_size the shard's size. On
+ * success *out holds a heap array of *count tensors (names point into *names,
+ * one heap block); free both with k3_st_header_free.
+ */
+typedef struct k3_st_header {
+    k3_st_tensor *tensors;
+    uint64_t count;
+    char *names;
+    uint64_t data_start;     /* 8 + N */
+} k3_st_header;
+
+int k3_st_header_parse(k3_st_header *h, const char *shard_name, const uint8_t *hdr, uint64_t hdr_len,
+                       uint64_t file_size, k3_err *e);
+/* Read the length prefix and header from an open shard and parse it. */
+int k3_st_header_read(k3_st_header *h, int fd, const char *path, k3_err *e);
+void k3_st_header_free(k3_st_header *h);
+
+#endif
