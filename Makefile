@@ -101,7 +101,7 @@ asan:
 bench: $(BENCH_BIN)
 	@echo "benchmarks built in $(BIN)/: run them one by one (see bench/README.md)"
 
-demo: all
+demo: deps all
 	./scripts/demo
 
 install: all

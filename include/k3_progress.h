@@ -1,0 +1,25 @@
+/*
+ * k3_progress.h - progress reporting for anything that runs longer than a
+ * second. On a terminal: one updating line (done/total bytes, rate, ETA) on
+ * stderr. Not a terminal: a plain line every few seconds. Quiet: nothing.
+ * This is the one part of the library that prints, and only to the stream the
+ * tool hands it; tools create it, library code only calls k3_progress_add.
+ */
+#ifndef K3_PROGRESS_H
+#define K3_PROGRESS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct k3_progress k3_progress;
+
+/* label: "convert", "verify", ...; total_bytes 0 if unknown. out is usually
+ * stderr; NULL or quiet gives a progress that prints nothing. */
+k3_progress *k3_progress_create(const char *label, uint64_t total_bytes, FILE *out, int quiet);
+/* Count bytes done; thread-safe, cheap enough to call per megabyte. Accepts NULL. */
+void k3_progress_add(k3_progress *p, uint64_t bytes);
+/* Print the final line (total, mean rate, elapsed). Accepts NULL. */
+void k3_progress_finish(k3_progress *p);
+void k3_progress_free(k3_progress *p);
+
+#endif
