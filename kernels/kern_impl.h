@@ -38,6 +38,12 @@ const k3_kern_path *k3_kern_path_find(const char *isa);
 /* The 16 E2M1 values in nibble order (bit 3 = sign, so entry 8 is -0). */
 extern const float k3_kern_e2m1_table[16];
 
+/* k3_kern_mx_table[s][n] = e2m1(n) * 2^(s-127), the exact ref.c weight, for
+ * every scale byte (row 255 is all zero; such groups are skipped anyway).
+ * Filled before main by a constructor in ref.c (plain C, no ISA flags), so
+ * the paths look weights up with one load instead of a multiply. 16 KiB. */
+extern float k3_kern_mx_table[256][16];
+
 /* 2^(s-127) built from its bits (s = 0 is the subnormal 2^-127); 0 for 255.
  * Same values as k3_e8m0_scale, inline for the per-group step of the paths. */
 static inline float k3_kern_e8m0(uint8_t s)
