@@ -43,6 +43,10 @@ extern const float k3_kern_e2m1_table[16];
  * Filled before main by a constructor in ref.c (plain C, no ISA flags), so
  * the paths look weights up with one load instead of a multiply. 16 KiB. */
 extern float k3_kern_mx_table[256][16];
+/* For 8-entry lookups (AVX2 vpermps): entry m (0..7) of k3_kern_mx_table[s]
+ * with bits 28..30 xored with m, so that xoring the looked-up value with
+ * (nibble << 28) restores those bits and sets the sign from bit 3 in one op. */
+extern uint32_t k3_kern_mx_table8x[256][8];
 
 /* 2^(s-127) built from its bits (s = 0 is the subnormal 2^-127); 0 for 255.
  * Same values as k3_e8m0_scale, inline for the per-group step of the paths. */
