@@ -356,6 +356,11 @@ static void every_path_matches_scalar(int mx)
             if (rep == 4)
                 cols = mx ? 32 * 260 : 12288 + 31;          /* past the T=1 stack buffer */
             uint32_t T = rep < 8 || rep % 3 == 0 ? 1 : Ts[rnd() % (sizeof Ts / sizeof *Ts)];
+            if (rep == 5 || rep == 6) {                  /* several column chunks, T past 64 */
+                rows = 8 + rep * 3;
+                cols = mx ? 32 * (33 + (uint64_t)rep) : 700 + (uint64_t)rep;
+                T = rep == 5 ? 70 : 13;
+            }
             if ((mx ? mx_case : bf16_case)(isas[k], rows, cols, T))
                 return;
         }
