@@ -88,7 +88,7 @@ void k3_mx_dequantize(const uint8_t *packed, const uint8_t *scales, uint64_t n, 
  * T (the weights are read from memory once per call whatever T is).
  * Threaded over rows with OpenMP; inside a parallel region (or for small
  * products) it runs on the calling thread only. Never allocates; uses at most
- * 32 KiB of stack. */
+ * 72 KiB of stack (activation permutation, parked lanes). */
 void k3_gemm_bf16(const uint16_t *W, uint64_t rows, uint64_t cols,
                   const float *X, uint32_t T, float *Y);
 
