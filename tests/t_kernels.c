@@ -592,3 +592,40 @@ K3_TEST(kern_isa_unknown_forced_name_falls_back_and_says_so)
     const char *best = k3_kern_supported("avx512") ? "avx512 " : k3_kern_supported("avx2") ? "avx2 " : "scalar ";
     CHECK(!strncmp(k3_kern_name(), best, strlen(best)));
 }
+
+/* Degenerate shapes do nothing harmful; unaligned buffers give the same bits. */
+K3_TEST(kern_products_accept_empty_shapes_and_unaligned_buffers)
+{
+    float y[4] = {1, 1, 1, 1};
+    uint16_t w1[4] = {0};
+    uint8_t p1[16] = {0}, s1[1] = {127};
+    k3_gemm_bf16(w1, 2, 0, y, 2, y);                                 /* cols 0: Y = +0 */
+    CHECK_EQ_INT(bits(y[0]), 0);
+    CHECK_EQ_INT(bits(y[3]), 0);
+    y[0] = 5;
+    k3_gemm_bf16(w1, 0, 4, y, 1, y);                                 /* rows 0: nothing */
+    k3_gemm_mx(p1, s1, 1, 32, y, 0, y);                              /* T 0: nothing */
+    CHECK(y[0] == 5);
+    enum { R = 7, C = 261, T = 3 };
+    uint16_t *W = malloc((R * C + 1) * 2);
+    uint8_t *P = malloc(R * 256 / 2 + 1), *S = malloc(R * 256 / 32 + 1);
+    float *X = malloc((T * C + 1) * 4), *Y0 = malloc(T * R * 4), *Y1 = malloc((T * R + 1) * 4);
+    for (int i = 0; i < R * C + 1; i++)
+        W[i] = rnd_bf16();
+    mx_fill(P, S, R, 256);
+    P[R * 128] = 0x77, S[R * 8] = 127;
+    fill_x(X, T * C + 1);
+    for (size_t k = 0; k < sizeof isas / sizeof *isas; k++) {
+        if (!k3_kern_supported(isas[k]))
+            continue;
+        for (uint32_t t = 1; t <= T; t += 2) {
+            k3_kern_path_scalar.gemm_bf16_rows(W + 1, R, C, X + 1, t, Y0, 0, R);
+            k3_kern_path_find(isas[k])->gemm_bf16_rows(W + 1, R, C, X + 1, t, Y1 + 1, 0, R);
+            CHECK_EQ_INT(first_diff(Y0, Y1 + 1, t * R), -1);
+            k3_kern_path_scalar.gemm_mx_rows(P + 1, S + 1, R, 256, X + 1, t, Y0, 0, R);
+            k3_kern_path_find(isas[k])->gemm_mx_rows(P + 1, S + 1, R, 256, X + 1, t, Y1 + 1, 0, R);
+            CHECK_EQ_INT(first_diff(Y0, Y1 + 1, t * R), -1);
+        }
+    }
+    free(W), free(P), free(S), free(X), free(Y0), free(Y1);
+}
