@@ -30,7 +30,7 @@
 
 #include <omp.h>
 
-#define STW_PIECE   (128u << 10)    /* fill / sparse granularity */
+#define STW_PIECE   4096u           /* fill / sparse (hole) granularity */
 #define STW_CHUNK   (16u << 20)     /* default write request */
 #define STW_NBUF    3
 
