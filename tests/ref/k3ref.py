@@ -30,6 +30,7 @@ import sys
 
 import numpy as np
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_np as stnp  # noqa: E402
 
@@ -388,7 +389,7 @@ class Model:
         c = self.cfg
         E, P, D, H = c.E, c.H * c.D, c.D, c.H
         p = f"layers.{L}."
-        ly = {"mla": L in c.mla_layers, "dense": L < c.k_dense}
+        ly = {"index": L, "mla": L in c.mla_layers, "dense": L < c.k_dense}
         ly["in_norm"] = self.w(p + "input_layernorm.weight", (E,))
         ly["post_norm"] = self.w(p + "post_attention_layernorm.weight", (E,))
         ly["attn_res"] = self.w(p + "self_attention_res_norm.weight", (E,)) * \
@@ -439,10 +440,25 @@ class Model:
                 ly["sh_gate"] = self.w(m + "shared_experts.gate_proj.weight", (Ish, E))
                 ly["sh_up"] = self.w(m + "shared_experts.up_proj.weight", (Ish, E))
                 ly["sh_down"] = self.w(m + "shared_experts.down_proj.weight", (E, Ish))
-            ly["w1"] = [self._expert(L, e, "w1", c.I, c.L_lat) for e in range(c.n_exp)]
-            ly["w3"] = [self._expert(L, e, "w3", c.I, c.L_lat) for e in range(c.n_exp)]
-            ly["w2"] = [self._expert(L, e, "w2", c.L_lat, c.I) for e in range(c.n_exp)]
+            ly["experts"] = {}  # e -> (w1, w3, w2), filled on first use
+            for e in range(c.n_exp):
+                for wh in ("w1", "w2", "w3"):
+                    base = f"{PFX}{m}experts.{e}.{wh}."
+                    if not (self.st.has(base + "weight") or
+                            (self.st.has(base + "weight_packed") and self.st.has(base + "weight_scale"))):
+                        raise stnp.SafetensorsError(f"{self.st.directory}: missing tensor {base}weight_packed "
+                                                    f"(+ weight_scale) or {base}weight")
         return ly
+
+    def expert(self, L, e):
+        """(W1 [I][L], W3 [I][L], W2 [L][I]) of routed expert e of layer L,
+        float64, loaded and dequantized on first use."""
+        cache = self.layers[L]["experts"]
+        if e not in cache:
+            c = self.cfg
+            cache[e] = (self._expert(L, e, "w1", c.I, c.L_lat), self._expert(L, e, "w3", c.I, c.L_lat),
+                        self._expert(L, e, "w2", c.L_lat, c.I))
+        return cache[e]
 
     # state ---------------------------------------------------------------
 
@@ -528,14 +544,15 @@ class Model:
 
     def moe(self, ly, x):
         c = self.cfg
+        L = ly["index"]
         idx, wts = self.route(ly, x)
         z = x @ ly["lat_down"].T  # [T][L]
         acc = np.zeros((x.shape[0], c.L_lat))
         for t in range(x.shape[0]):
             for j in range(c.topk):  # sum in top-k order
                 e = idx[t, j]
-                hdn = situ_glu(ly["w1"][e] @ z[t], ly["w3"][e] @ z[t], c.b1, c.b2)
-                acc[t] += wts[t, j] * (ly["w2"][e] @ hdn)
+                w1, w3, w2 = self.expert(L, e)
+                acc[t] += wts[t, j] * (w2 @ situ_glu(w1 @ z[t], w3 @ z[t], c.b1, c.b2))
         if c.moe_norm:
             acc = rmsnorm(acc, ly["lat_norm"], c.eps)
         y = acc @ ly["lat_up"].T
@@ -588,8 +605,11 @@ def greedy(model, prompt, n_gen):
     prompt_logits = logits
     out = []
     last = logits[-1]
+    model.min_gap = np.inf
     for i in range(n_gen):
         tok = int(np.argmax(last))  # first maximum = lowest id
+        top2 = np.sort(last)[-2:] if last.size > 1 else np.array([0.0, np.inf])
+        model.min_gap = min(model.min_gap, top2[1] - top2[0])
         out.append(tok)
         if i + 1 < n_gen:
             last = model.forward([tok], state)[-1]
@@ -641,6 +661,9 @@ def main(argv=None):
         print(f"k3ref: {model.cfg}", file=sys.stderr)
         print(f"k3ref: smallest routing margin (k-th minus (k+1)-th biased score): {model.min_margin:.3e}",
               file=sys.stderr)
+        if a.gen:
+            print(f"k3ref: smallest greedy logit gap (best minus second best): {model.min_gap:.3e}",
+                  file=sys.stderr)
     print(json.dumps({"prompt_ids": ids, "generated_ids": gen}))
     return 0
 

@@ -21,6 +21,7 @@ import traceback
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, HERE)
 import k3ref  # noqa: E402
 import minickpt  # noqa: E402
@@ -372,6 +373,152 @@ def mla_matches_a_per_head_loop_and_is_causal():
     assert np.array_equal(out2[:4], out[:4]) and not np.allclose(out2[4], out[4])
 
 
+def _sig(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _wt(m, name):
+    return m.st.get_f64(k3ref.PFX + name)
+
+
+@test
+def kda_layer_matches_a_loop_written_from_the_spec():
+    m = model("mx")
+    c = m.cfg
+    L = 0  # KDA + dense in the mini config
+    assert L not in c.mla_layers
+    rng = np.random.default_rng(13)
+    T = 7
+    x = rng.standard_normal((T, c.E))
+    got = m.kda(m.layers[L], x, m.new_state()[L])
+    a = f"layers.{L}.self_attn."
+    H, D, K = c.H, c.D, c.conv
+    W = {n: _wt(m, a + f"{n}_proj.weight") for n in ("q", "k", "v", "g", "o", "f_a", "f_b", "b")}
+    cw = {n: _wt(m, a + f"{n}_conv1d.weight")[:, 0, :] for n in "qkv"}
+    a_log = _wt(m, a + "A_log").reshape(-1)
+    dt_bias = _wt(m, a + "dt_bias")
+    o_norm = _wt(m, a + "o_norm.weight")
+    S = [np.zeros((D, D)) for _ in range(H)]
+    pre = {n: [] for n in "qkv"}
+    want = np.zeros((T, c.E))
+    for t in range(T):
+        act = {}
+        for n in "qkv":
+            pre[n].append(W[n] @ x[t])
+            y = np.zeros(H * D)
+            for j in range(K):  # tap j multiplies the input j - (K-1) steps away
+                src = t - (K - 1) + j
+                if src >= 0:
+                    y += cw[n][:, j] * pre[n][src]
+            act[n] = y * _sig(y)
+        z = W["f_b"] @ (W["f_a"] @ x[t]) + dt_bias
+        bl = W["b"] @ x[t]
+        o = np.zeros(H * D)
+        for h in range(H):
+            sl = slice(h * D, (h + 1) * D)
+            qh = act["q"][sl] / np.sqrt(np.sum(act["q"][sl] ** 2) + 1e-6) / np.sqrt(D)
+            kh = act["k"][sl] / np.sqrt(np.sum(act["k"][sl] ** 2) + 1e-6)
+            vh = act["v"][sl]
+            gh = c.lb * _sig(np.exp(a_log[h]) * z[sl])
+            bh = _sig(bl[h])
+            S[h] = np.diag(np.exp(gh)) @ S[h]
+            u = S[h].T @ kh
+            S[h] = S[h] + np.outer(kh, bh * (vh - u))
+            oh = S[h].T @ qh
+            o[sl] = o_norm * oh / np.sqrt(np.mean(oh ** 2) + c.eps)
+        want[t] = W["o"] @ (o * _sig(W["g"] @ x[t]))
+    assert np.allclose(got, want, rtol=1e-10, atol=1e-12), np.max(np.abs(got - want))
+
+
+@test
+def moe_and_dense_layers_match_loops_written_from_the_spec():
+    m = model("mx")
+    c = m.cfg
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((3, c.E))
+    b1, b2 = c.b1, c.b2
+
+    def situ(g, u):
+        return b1 * np.tanh(g / b1) * _sig(g) * b2 * np.tanh(u / b2)
+
+    L = c.k_dense  # first MoE layer
+    pm = f"layers.{L}.block_sparse_moe."
+    got = m.moe(m.layers[L], x)
+    router, bias = _wt(m, pm + "gate.weight"), _wt(m, pm + "gate.e_score_correction_bias")
+    for t in range(3):
+        s = _sig(router @ x[t])
+        chosen = sorted(range(c.n_exp), key=lambda e: (-(s[e] + bias[e]), e))[:c.topk]
+        w = np.array([s[e] for e in chosen])
+        w = w / (w.sum() + 1e-20) * c.scale
+        z = _wt(m, pm + "routed_expert_down_proj.weight") @ x[t]
+        acc = np.zeros(c.L_lat)
+        for j, e in enumerate(chosen):
+            ex = {}
+            for n in ("w1", "w2", "w3"):
+                packed = m.st.get(k3ref.PFX + pm + f"experts.{e}.{n}.weight_packed")
+                sc = m.st.get(k3ref.PFX + pm + f"experts.{e}.{n}.weight_scale")
+                rows, half = packed.shape
+                dq = np.zeros((rows, 2 * half))
+                for r in range(rows):
+                    for i in range(2 * half):
+                        nib = (packed[r, i // 2] >> (4 * (i % 2))) & 15
+                        mag = [0, .5, 1, 1.5, 2, 3, 4, 6][nib & 7] * (-1 if nib & 8 else 1)
+                        e8 = int(sc[r, i // 32])
+                        dq[r, i] = 0.0 if e8 == 255 else mag * 2.0 ** (e8 - 127)
+                ex[n] = dq
+            acc += w[j] * (ex["w2"] @ situ(ex["w1"] @ z, ex["w3"] @ z))
+        acc = _wt(m, pm + "routed_expert_norm.weight") * acc / np.sqrt(np.mean(acc ** 2) + c.eps)
+        sh = pm + "shared_experts."
+        y = _wt(m, pm + "routed_expert_up_proj.weight") @ acc + _wt(m, sh + "down_proj.weight") @ situ(
+            _wt(m, sh + "gate_proj.weight") @ x[t], _wt(m, sh + "up_proj.weight") @ x[t])
+        assert np.allclose(got[t], y, rtol=1e-10, atol=1e-12), (t, np.max(np.abs(got[t] - y)))
+    pd = "layers.0.mlp."
+    got = m.mlp(x, m.layers[0]["gate"], m.layers[0]["up"], m.layers[0]["down"])
+    want = (situ(x @ _wt(m, pd + "gate_proj.weight").T, x @ _wt(m, pd + "up_proj.weight").T)
+            @ _wt(m, pd + "down_proj.weight").T)
+    assert np.allclose(got, want, rtol=1e-12, atol=1e-13)
+
+
+@test
+def forward_matches_the_spec_pseudo_code_for_one_token():
+    m = model("mx")
+    c = m.cfg
+    tok = 42
+
+    def rms(v, w):
+        return w * v / np.sqrt(np.mean(v ** 2) + c.eps)
+
+    def attnres(srcs, pre):
+        f = (_wt(m, pre + "_norm.weight").reshape(-1) * _wt(m, pre + "_proj.weight").reshape(-1))
+        sc = [float((S / np.sqrt(np.mean(S ** 2) + c.eps)) @ f) for S in srcs]
+        p = np.exp(np.array(sc) - max(sc))
+        p /= p.sum()
+        return sum(pi * S for pi, S in zip(p, srcs))
+
+    state = m.new_state()
+    h = _wt(m, "embed_tokens.weight")[tok]
+    stack = []
+    for L in range(c.n_layers):
+        ly, pl = m.layers[L], f"layers.{L}."
+        prefix = h
+        if stack:
+            h = attnres(stack + [prefix], pl + "self_attention_res")
+        if L % c.B == 0:
+            stack.append(prefix)
+            prefix = None
+        xa = rms(h, _wt(m, pl + "input_layernorm.weight"))[None, :]
+        a = (m.mla(ly, xa, state[L]) if L in c.mla_layers else m.kda(ly, xa, state[L]))[0]
+        prefix = a if prefix is None else prefix + a
+        h = attnres(stack + [prefix], pl + "mlp_res")
+        xm = rms(h, _wt(m, pl + "post_attention_layernorm.weight"))[None, :]
+        mm = (m.mlp(xm, ly["gate"], ly["up"], ly["down"]) if L < c.k_dense else m.moe(ly, xm))[0]
+        h = prefix + mm
+    h = attnres(stack + [h], "output_attn_res")
+    want = m.st.get_f64(k3ref.HEAD) @ rms(h, _wt(m, "norm.weight"))
+    got = run_logits(m, [tok])[0]
+    assert np.allclose(got, want, rtol=1e-12, atol=1e-12), rel(got, want)
+
+
 @test
 def attnres_stack_grows_one_source_per_block():
     m = model("mx")  # 5 layers, block size 2
@@ -529,6 +676,26 @@ def cli_prints_json_and_writes_float32_logits():
     p = subprocess.run([sys.executable, os.path.join(HERE, "k3ref.py"), TMP, "--ids", "1"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 3 and p.stderr.startswith("k3ref: error:"), p.stderr
+
+
+@test
+def cli_planted_bugs_fail_the_logit_gate():
+    d = ckpt("mx")
+    k3 = [sys.executable, os.path.join(HERE, "k3ref.py"), d, "--ids", ",".join(map(str, PROMPT))]
+    cmp = [sys.executable, os.path.join(HERE, "cmp_logits.py")]
+    good = os.path.join(TMP, "good.bin")
+    assert subprocess.run(k3 + ["--logits-all", good], capture_output=True, timeout=60).returncode == 0
+    V = model("mx").cfg.V
+    p = subprocess.run(cmp + [good, good, "--vocab", str(V)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.startswith("rel=0.000e+00"), p.stdout
+    for plant in k3ref.PLANTS:
+        bad = os.path.join(TMP, f"{plant}.bin")
+        assert subprocess.run(k3 + ["--logits-all", bad, "--plant", plant],
+                              capture_output=True, timeout=60).returncode == 0
+        p = subprocess.run(cmp + [bad, good, "--vocab", str(V)], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1, (plant, p.stdout, p.stderr)
+    p = subprocess.run(cmp + [good, good, "--vocab", str(V + 1)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
 
 
 def main():
