@@ -686,7 +686,7 @@ def cli_planted_bugs_fail_the_logit_gate():
     good = os.path.join(TMP, "good.bin")
     assert subprocess.run(k3 + ["--logits-all", good], capture_output=True, timeout=60).returncode == 0
     V = model("mx").cfg.V
-    p = subprocess.run(cmp + [good, good, "--vocab", str(V)], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(cmp + [good, good, "--ckpt", d], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.startswith("rel=0.000e+00"), p.stdout
     for plant in k3ref.PLANTS:
         bad = os.path.join(TMP, f"{plant}.bin")
