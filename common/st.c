@@ -1131,7 +1131,8 @@ uint64_t k3_st_shard_data_start(const k3_st *st, uint32_t i)
     return i < st->nshards ? st->shards[i].data_start : 0;
 }
 
-int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n, void *dst, k3_err *e)
+int k3_st_read_range_bounce(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n, void *dst,
+                            void *bounce, uint64_t bounce_cap, k3_err *e)
 {
     if (!t || t->shard >= st->nshards)
         return k3_err_set(e, K3_EARG, "k3_st_read: tensor does not belong to this checkpoint");
@@ -1147,19 +1148,33 @@ int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint6
     const uint64_t A = K3_IO_DIRECT_ALIGN;
     if ((uintptr_t)dst % A == 0 && at % A == 0 && n % A == 0)
         return k3_io_pread_direct(s->fd, dst, n, at, NULL, 0, s->path, e);
-    /* unaligned: bounded aligned pieces through a bounce buffer */
-    uint64_t cap = DIRECT_CHUNK + 2 * A;
-    void *bounce = k3_io_alloc_aligned(cap, A);
-    if (!bounce)
-        return k3_err_set(e, K3_ENOMEM, "%s: out of memory for a read buffer", s->path);
+    /* unaligned: aligned pieces through a bounce buffer, the caller's or
+     * one sized for this read (at most DIRECT_CHUNK + 2 blocks) */
+    void *own = NULL;
+    if (bounce) {
+        if ((uintptr_t)bounce % A || bounce_cap < 3 * A)
+            return k3_err_set(e, K3_EARG, "%s: bounce buffer must be %" PRIu64 "-aligned and hold 3 blocks", s->path, A);
+    } else {
+        bounce_cap = (n < DIRECT_CHUNK ? (n + A - 1) / A * A : DIRECT_CHUNK) + 2 * A;
+        bounce = own = k3_io_alloc_aligned(bounce_cap, A);
+        if (!bounce)
+            return k3_err_set(e, K3_ENOMEM, "%s: out of memory for a read buffer", s->path);
+    }
+    /* a piece of `chunk` bytes at any offset widens to at most chunk + 2 blocks */
+    uint64_t chunk = (bounce_cap - 2 * A) / A * A;
     int rc = 0;
     for (uint64_t done = 0; !rc && done < n;) {
-        uint64_t k = n - done < DIRECT_CHUNK ? n - done : DIRECT_CHUNK;
-        rc = k3_io_pread_direct(s->fd, (char *)dst + done, k, at + done, bounce, cap, s->path, e);
+        uint64_t k = n - done < chunk ? n - done : chunk;
+        rc = k3_io_pread_direct(s->fd, (char *)dst + done, k, at + done, bounce, bounce_cap, s->path, e);
         done += k;
     }
-    k3_io_free_aligned(bounce);
+    k3_io_free_aligned(own);
     return rc;
+}
+
+int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n, void *dst, k3_err *e)
+{
+    return k3_st_read_range_bounce(st, t, off, n, dst, NULL, 0, e);
 }
 
 int k3_st_read(const k3_st *st, const k3_st_tensor *t, void *dst, k3_err *e)

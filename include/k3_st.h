@@ -112,12 +112,18 @@ uint64_t k3_st_shard_data_start(const k3_st *st, uint32_t shard); /* 8 + N */
 /* Read a whole tensor / a byte range [off, off+n) of it into dst (any
  * alignment). A range outside the tensor is K3_EARG. On an O_DIRECT shard
  * an aligned request (dst, offset and n multiples of K3_IO_DIRECT_ALIGN)
- * goes straight into dst; anything else goes through a 4 MiB bounce buffer
- * allocated per call. Reads go through k3_io_pread*, so K3_FAULT reaches
- * them. */
+ * goes straight into dst; anything else goes through a bounce buffer of at
+ * most 4 MiB allocated per call (see k3_st_read_range_bounce). Reads go
+ * through k3_io_pread*, so K3_FAULT reaches them. */
 int k3_st_read(const k3_st *st, const k3_st_tensor *t, void *dst, k3_err *e);
 int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n,
                      void *dst, k3_err *e);
+/* The same with a caller-owned bounce buffer for O_DIRECT shards (aligned to
+ * K3_IO_DIRECT_ALIGN, at least 3 blocks; unused on buffered shards), so that
+ * a loop of reads allocates and faults in nothing. Pieces of bounce_cap - 2
+ * blocks are read at a time. */
+int k3_st_read_range_bounce(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n, void *dst,
+                            void *bounce, uint64_t bounce_cap, k3_err *e);
 
 /*
  * One shard's header on its own, for k3-verify (which must report every bad

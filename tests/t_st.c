@@ -355,6 +355,15 @@ K3_TEST(st_reads_a_long_unaligned_range_with_o_direct)
     for (uint64_t k = 0; k < n; k++)
         if (buf[1 + k] != pattern("long", off + k))
             k3t_fail(__FILE__, __LINE__, "byte %llu", (unsigned long long)k);
+    /* the same through a small caller bounce buffer: many pieces */
+    void *bounce = k3_io_alloc_aligned(3 * 4096, 4096);
+    memset(buf, 0, n + 1);
+    CHECK_EQ_INT(k3_st_read_range_bounce(st, t, off, n, buf + 1, bounce, 3 * 4096, &e), 0);
+    for (uint64_t k = 0; k < n; k += 997)
+        CHECK_EQ_INT(buf[1 + k], pattern("long", off + k));
+    CHECK_EQ_INT(buf[n], pattern("long", off + n - 1));
+    CHECK_EQ_INT(k3_st_read_range_bounce(st, t, off, n, buf + 1, bounce, 2 * 4096, &e), K3_EARG);
+    k3_io_free_aligned(bounce);
     free(buf);
     k3_st_close(st);
 }
