@@ -32,9 +32,7 @@
 #include "st_json.h"
 
 #define INDEX_NAME "model.safetensors.index.json"
-#define MAX_INDEX_BYTES (1ull << 30)
 #define MAX_SHARD_NAME 255u
-#define MAX_TENSORS (1ull << 28)
 #define DIRECT_CHUNK (4u << 20)
 
 /* ---- dtypes --------------------------------------------------------------- */
@@ -407,8 +405,8 @@ int k3_st_header_parse(k3_st_header *h, const char *shard_name, const uint8_t *h
                 goto out;
             }
             if (used == cap) {
-                if (used >= MAX_TENSORS) {
-                    rc = k3_jc_fail(&j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)MAX_TENSORS);
+                if (used >= K3_ST_MAX_TENSORS) {
+                    rc = k3_jc_fail(&j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)K3_ST_MAX_TENSORS);
                     goto out;
                 }
                 cap *= 2;
@@ -703,8 +701,8 @@ static int parse_weight_map(k3_jc *j, index_map *m, ntab *shard_tab)
             return k3_jc_fail(j, vpos, K3_EFORMAT,
                               "shard name \"%.300s\" is not a plain file name ending in .safetensors", sname);
         if (m->count == cap) {
-            if (cap >= MAX_TENSORS)
-                return k3_jc_fail(j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)MAX_TENSORS);
+            if (cap >= K3_ST_MAX_TENSORS)
+                return k3_jc_fail(j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)K3_ST_MAX_TENSORS);
             cap *= 2;
             index_entry *ne = realloc(m->entries, cap * sizeof *ne);
             if (!ne)
@@ -740,7 +738,7 @@ static int parse_weight_map(k3_jc *j, index_map *m, ntab *shard_tab)
 static int index_load(index_map *m, const char *path, k3_err *e)
 {
     uint64_t len;
-    int rc = k3_io_read_file(path, MAX_INDEX_BYTES, &m->text, &len, e);
+    int rc = k3_io_read_file(path, K3_ST_MAX_INDEX, &m->text, &len, e);
     if (rc)
         return rc;
     ntab shard_tab = {0};
@@ -912,10 +910,10 @@ static int add_shard(k3_st *st, uint64_t *cap, const char *path, unsigned flags,
     s->data_start = h.data_start;
     s->names = h.names;
     h.names = NULL;
-    if (st->count + h.count > MAX_TENSORS) {
+    if (st->count + h.count > K3_ST_MAX_TENSORS) {
         k3_st_header_free(&h);
         return k3_err_set(e, K3_ELIMIT, "%s: the checkpoint has more than %llu tensors", path,
-                          (unsigned long long)MAX_TENSORS);
+                          (unsigned long long)K3_ST_MAX_TENSORS);
     }
     if (st->count + h.count > *cap) {
         uint64_t nc = *cap ? *cap : 1024;

@@ -65,6 +65,8 @@ typedef enum k3_dtype {
 #define K3_ST_MAX_HEADER   (100u << 20)   /* 100 MiB of header JSON per shard */
 #define K3_ST_MAX_SHARDS   65536u
 #define K3_ST_MAX_NAME     1024u
+#define K3_ST_MAX_TENSORS  (1u << 22)     /* per checkpoint: 8x K3's 497,220; ~1 GB of index at most */
+#define K3_ST_MAX_INDEX    (256u << 20)   /* model.safetensors.index.json (K3's is ~40 MB) */
 
 const char *k3_dtype_name(k3_dtype t);          /* "BF16", ... */
 int k3_dtype_from_name(const char *s, k3_dtype *t); /* 0 or K3_EFORMAT */
