@@ -441,10 +441,10 @@ int k3_st_header_parse(k3_st_header *h, const char *shard_name, const uint8_t *h
             goto out;
     }
 trailer:
-    /* the format allows padding the header with spaces */
+    /* writers pad the header with spaces; JSON whitespace is accepted */
     k3_jc_ws(&j);
     if (j.p != j.end) {
-        rc = k3_jc_fail(&j, NULL, K3_EFORMAT, "bytes after the header JSON (byte 0x%02x; only space padding is allowed)",
+        rc = k3_jc_fail(&j, NULL, K3_EFORMAT, "bytes after the header JSON (byte 0x%02x; only whitespace padding may follow it)",
                         *j.p);
         goto out;
     }
