@@ -953,6 +953,14 @@ static void run_open_jobs(open_job *j)
     uint32_t nthreads = cpus > 1 ? (uint32_t)(cpus < 16 ? cpus : 16) : 1;
     if (nthreads > jobs)
         nthreads = jobs ? jobs : 1;
+    /* Fault injection (K3_FAULT) counts reads in a process-wide record: keep
+     * it deterministic and race-free by loading shards one by one when it is
+     * armed. A zero-byte read makes the hook load its settings now, before
+     * any thread could race to do it. */
+    const char *fault = getenv("K3_FAULT");
+    if (fault && *fault)
+        nthreads = 1;
+    k3_io_pread(-1, NULL, 0, 0, "", NULL);
     pthread_t tid[16];
     uint32_t started = 0;
     for (uint32_t t = 1; t < nthreads; t++)
