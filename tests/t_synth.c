@@ -529,7 +529,7 @@ K3_TEST(stw_stream_matches_dry_run_sizes_and_reads_back)
         }
         CHECK_EQ_U64(k3_stw_size(dry), k3_stw_size(w));
         CHECK_EQ_INT(k3_stw_begin(w, 0, &e), 0);
-        k3_stw_stream_opts so = {256u << 10, 2, sparse, 1, NULL, NULL};
+        k3_stw_stream_opts so = {256u << 10, 2, sparse, 1, NULL, NULL, NULL};
         CHECK_EQ_INT(k3_stw_stream(w, fill_pattern, NULL, &so, &e), 0);
         CHECK(exists(t, sparse ? "s.safetensors.tmp" : "d.safetensors.tmp"));
         CHECK_EQ_INT(k3_stw_finish(w, &e), 0);
