@@ -492,8 +492,10 @@ static int load_config(k3_tok *tok, const char *path, k3_err *e)
         tok->special_of_id[tok->specials[i].id - tok->n_ranks] = (int32_t)i;
         if (i && tok->specials[i].len == tok->specials[i - 1].len &&
             memcmp(tok->specials[i].s, tok->specials[i - 1].s, tok->specials[i].len) == 0) {
-            rc = k3_err_set(e, K3_EFORMAT, "%s: added tokens %u and %u have the same content \"%.40s\"", path,
-                            tok->specials[i - 1].id, tok->specials[i].id, (const char *)tok->specials[i].s);
+            rc = k3_err_set(e, K3_EFORMAT, "%s: added tokens %u and %u have the same content \"%.*s\"", path,
+                            tok->specials[i - 1].id, tok->specials[i].id,
+                            (int)(tok->specials[i].len < 40 ? tok->specials[i].len : 40),
+                            (const char *)tok->specials[i].s);
             goto out;
         }
     }
