@@ -13,6 +13,8 @@
 #include "k3_tok.h"
 #include "../runtime/tok_int.h"
 
+static char *slurp(const char *path, size_t *n);
+
 /* ---- tiny vocabularies ------------------------------------------------------ */
 
 static void b64(const uint8_t *s, size_t n, char *out)
@@ -346,6 +348,105 @@ K3_TEST(tok_invalid_utf8_bytes_are_kept_verbatim)
     free(back);
     free(ids);
     k3_tok_close(tok);
+}
+
+/* Random byte strings (letters, marks, spaces, CR/LF, multi-byte and broken
+ * UTF-8, special-token text) round trip, and their pieces tile the input. */
+K3_TEST(tok_random_bytes_round_trip)
+{
+    k3_tok *tok = open_tiny();
+    static const char *const atoms[] = {"a", "b", "hello", " ", "  ", "\t", "\r", "\n", "\r\n", "'s", "'LL", "1",
+                                        "\xc3\xa9", "\xcc\x81", "\xe4\xb8\xad", "\xf0\x9f\x98\x80", "\xff", "\xc3",
+                                        "\xe2\x82", "\xed\xa0\x80", "!", "[EOS]", "<|im_end|>", "\xc5\xbf", "A", "\xc7\x85"};
+    const size_t natoms = sizeof atoms / sizeof atoms[0];
+    uint32_t x = 777;
+    char buf[4096];
+    for (int trial = 0; trial < 2000; trial++) {
+        size_t n = 0;
+        x = x * 1103515245u + 12345u;
+        int count = (int)((x >> 16) % 60);
+        for (int k = 0; k < count; k++) {
+            x = x * 1103515245u + 12345u;
+            const char *a = atoms[(x >> 16) % natoms];
+            memcpy(buf + n, a, strlen(a));
+            n += strlen(a);
+        }
+        for (uint64_t pos = 0; pos < n;) {
+            uint64_t end = k3_tok_split_next(buf, n, pos);
+            CHECK(end > pos && end <= n);
+            pos = end;
+        }
+        for (int allow = 0; allow < 2; allow++) {
+            uint32_t *ids;
+            uint64_t nids, blen;
+            char *back;
+            k3_err e = {0};
+            CHECK_EQ_INT(k3_tok_encode(tok, buf, n, allow, &ids, &nids, &e), 0);
+            CHECK_EQ_INT(k3_tok_decode(tok, ids, nids, &back, &blen, &e), 0);
+            CHECK(blen == n && memcmp(back, buf, n) == 0);
+            free(back);
+            free(ids);
+        }
+    }
+    k3_tok_close(tok);
+}
+
+/* Flipped, inserted and cut bytes in both files: open either succeeds or
+ * fails with a message naming the file; never a crash (run under make asan). */
+K3_TEST(tok_mutated_files_fail_cleanly)
+{
+    tiny_dir(tiny_config);
+    size_t mlen, clen;
+    char *model = slurp(path_in("tiktoken.model"), &mlen);
+    const char *config = tiny_config;
+    clen = strlen(config);
+    char *buf = malloc(mlen + clen + 64);
+    uint32_t x = 4242;
+    int opened = 0, failed = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        int which = trial & 1;
+        const char *src = which ? config : model;
+        size_t n = which ? clen : mlen;
+        memcpy(buf, src, n);
+        for (int k = 0; k < 3; k++) {
+            x = x * 1103515245u + 12345u;
+            size_t at = (x >> 8) % n;
+            x = x * 1103515245u + 12345u;
+            switch ((x >> 16) % 4) {
+            case 0: buf[at] ^= (char)(1u << ((x >> 8) % 8)); break;
+            case 1: n = at + 1; break;
+            case 2: buf[at] = "\n =\"{}:,0A/+\\"[(x >> 20) % 14]; break;
+            default:
+                memmove(buf + at + 1, buf + at, n - at);
+                buf[at] = (char)(x >> 24);
+                n++;
+            }
+        }
+        write_file(path_in(which ? "tokenizer_config.json" : "tiktoken.model"), buf, n);
+        write_file(path_in(which ? "tiktoken.model" : "tokenizer_config.json"), which ? model : config,
+                   which ? mlen : clen);
+        k3_tok *tok = NULL;
+        k3_err e = {0};
+        int rc = k3_tok_open(&tok, k3t_tmpdir(), &e);
+        if (rc == 0) {
+            opened++;
+            CHECK(tok != NULL);
+            uint32_t *ids;
+            uint64_t nids;
+            CHECK_EQ_INT(k3_tok_encode(tok, "hello [EOS] world", 17, 1, &ids, &nids, &e), 0);
+            free(ids);
+            k3_tok_close(tok);
+        } else {
+            failed++;
+            CHECK(tok == NULL);
+            CHECK(rc < 0);
+            CHECK(strstr(e.msg, which ? "tokenizer_config.json" : "tiktoken.model") != NULL);
+            CHECK(strchr(e.msg, '\n') == NULL);
+        }
+    }
+    CHECK(failed > 100);
+    free(buf);
+    free(model);
 }
 
 /* ---- streaming decoder ------------------------------------------------------- */
