@@ -71,7 +71,8 @@ uint32_t k3_tok_rank_count(const k3_tok *tok);
  * allow_special, occurrences of special-token contents become their ids (the
  * earliest occurrence first, the longest special at that position); without,
  * they are ordinary text. *ids is a heap array of *n ids the caller frees
- * (non-NULL even when *n == 0). */
+ * (non-NULL even when *n == 0). Working memory: 4 bytes per id plus 32 bytes
+ * per byte of the longest piece that is not itself a token. */
 int k3_tok_encode(const k3_tok *tok, const char *text, uint64_t len, int allow_special,
                   uint32_t **ids, uint64_t *n, k3_err *e);
 

@@ -849,7 +849,8 @@ int k3_tok_encode(const k3_tok *tok, const char *text, uint64_t len, int allow_s
     *n = 0;
     const uint8_t *s = (const uint8_t *)text;
     struct enc en = {0};
-    int rc = enc_reserve(&en, len / 3 + 16, e);
+    /* about one id per 3-4 bytes of text; grown by doubling past 1M ids */
+    int rc = enc_reserve(&en, len / 3 < (1u << 20) ? len / 3 + 16 : (1u << 20), e);
     uint64_t pos = 0;
     while (rc == 0 && pos < len) {
         uint64_t at = len;
