@@ -449,6 +449,78 @@ K3_TEST(tok_mutated_files_fail_cleanly)
     free(model);
 }
 
+/* ids of a ++ ids of b, each encoded alone */
+static void encode_concat(const k3_tok *tok, const char *a, size_t na, const char *b, size_t nb, uint32_t **ids,
+                          uint64_t *n)
+{
+    uint32_t *x, *y;
+    uint64_t nx, ny;
+    k3_err e = {0};
+    CHECK_EQ_INT(k3_tok_encode(tok, a, na, 0, &x, &nx, &e), 0);
+    CHECK_EQ_INT(k3_tok_encode(tok, b, nb, 0, &y, &ny, &e), 0);
+    *ids = realloc(x, (nx + ny + 1) * sizeof *x);
+    memcpy(*ids + nx, y, ny * sizeof *y);
+    *n = nx + ny;
+    free(y);
+}
+
+static void check_same_ids(const uint32_t *a, uint64_t na, const uint32_t *b, uint64_t nb)
+{
+    CHECK_EQ_U64(na, nb);
+    CHECK(memcmp(a, b, na * sizeof *a) == 0);
+}
+
+K3_TEST(tok_kimi_slices_cut_long_runs_and_windows)
+{
+    k3_tok *tok = open_tiny();
+    k3_err e = {0};
+    uint32_t *got, *want;
+    uint64_t ngot, nwant;
+    /* 25,001 letters: cut before the last one; 25,000: no cut */
+    size_t big = 400100 * 2 + 16;
+    char *t = malloc(big);
+    memset(t, 'a', 25001);
+    CHECK_EQ_INT(k3_tok_encode(tok, t, 25001, K3_TOK_KIMI_SLICES, &got, &ngot, &e), 0);
+    encode_concat(tok, t, 25000, t, 1, &want, &nwant);
+    check_same_ids(got, ngot, want, nwant);
+    free(want);
+    CHECK_EQ_INT(k3_tok_encode(tok, t, 25001, 0, &want, &nwant, &e), 0);
+    CHECK(ngot != nwant || memcmp(got, want, ngot * sizeof *got) != 0); /* the cut changes the ids */
+    free(want);
+    free(got);
+    CHECK_EQ_INT(k3_tok_encode(tok, t, 25000, K3_TOK_KIMI_SLICES, &got, &ngot, &e), 0);
+    CHECK_EQ_INT(k3_tok_encode(tok, t, 25000, 0, &want, &nwant, &e), 0);
+    check_same_ids(got, ngot, want, nwant);
+    free(want);
+    free(got);
+    /* a space run (U+001C counts: Python's isspace, bidi class B) of 30,000
+     * after a word: the slice is not restarted at the word/space change, the
+     * run is cut after its 25,000th character */
+    memcpy(t, "ab", 2);
+    for (size_t i = 2; i < 30002; i++)
+        t[i] = i % 7 ? ' ' : '\x1c';
+    t[30002] = 'b';
+    CHECK_EQ_INT(k3_tok_encode(tok, t, 30003, K3_TOK_KIMI_SLICES, &got, &ngot, &e), 0);
+    encode_concat(tok, t, 25002, t + 25002, 5001, &want, &nwant);
+    check_same_ids(got, ngot, want, nwant);
+    free(want);
+    free(got);
+    /* windows of 400,000 characters, not bytes: "\xc3\xa9 " is 2 characters in 3 bytes */
+    size_t n = 0;
+    for (size_t c = 0; c < 400100; c += 2) {
+        memcpy(t + n, "\xc3\xa9 ", 3);
+        n += 3;
+    }
+    CHECK_EQ_INT(k3_tok_encode(tok, t, n, K3_TOK_KIMI_SLICES | K3_TOK_ALLOW_SPECIAL, &got, &ngot, &e), 0);
+    encode_concat(tok, t, 600000, t + 600000, n - 600000, &want, &nwant);
+    check_same_ids(got, ngot, want, nwant);
+    free(want);
+    free(got);
+    CHECK_EQ_INT(k3_tok_encode(tok, t, n, 8, &got, &ngot, &e), K3_EARG);
+    free(t);
+    k3_tok_close(tok);
+}
+
 /* ---- streaming decoder ------------------------------------------------------- */
 
 K3_TEST(tok_stream_holds_back_incomplete_utf8)
