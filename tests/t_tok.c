@@ -50,7 +50,7 @@ static char *path_in(const char *name)
 
 /* The merges of the tiny vocabulary, in rank order after the 256 bytes. */
 static const char *const tiny_merges[] = {"ab", "abc", "  ", "he", "hel", "hell", "hello", " w", " wo", "rl",
-                                          " worl", " world", "aa", "aaa", "\xc3\xa9", "ba"};
+                                          " worl", " world", "aa", "aaa", "\xc3\xa9", "ba", "\x1c\x1c"};
 #define N_TINY (256 + sizeof tiny_merges / sizeof tiny_merges[0])
 
 /* Writes dir/tiktoken.model (bytes 0..255 then tiny_merges) and, if config is
@@ -477,7 +477,7 @@ K3_TEST(tok_kimi_slices_cut_long_runs_and_windows)
     uint32_t *got, *want;
     uint64_t ngot, nwant;
     /* 25,001 letters: cut before the last one; 25,000: no cut */
-    size_t big = 400100 * 2 + 16;
+    size_t big = 400100 * 2 + 64;
     char *t = malloc(big);
     memset(t, 'a', 25001);
     CHECK_EQ_INT(k3_tok_encode(tok, t, 25001, K3_TOK_KIMI_SLICES, &got, &ngot, &e), 0);
@@ -493,26 +493,46 @@ K3_TEST(tok_kimi_slices_cut_long_runs_and_windows)
     check_same_ids(got, ngot, want, nwant);
     free(want);
     free(got);
-    /* a space run (U+001C counts: Python's isspace, bidi class B) of 30,000
-     * after a word: the slice is not restarted at the word/space change, the
-     * run is cut after its 25,000th character */
-    memcpy(t, "ab", 2);
-    for (size_t i = 2; i < 30002; i++)
-        t[i] = i % 7 ? ' ' : '\x1c';
+    /* a space run of 30,000 after a word (U+001C counts: Python's isspace
+     * has bidi class B, White_Space does not): the slice is not restarted at
+     * the word/space change, the run is cut after its 25,000th character. An
+     * odd number of U+001C in the first slice makes the cut visible through
+     * the "\x1c\x1c" merge. */
+    memcpy(t, "ab ", 3);
+    memset(t + 3, '\x1c', 29999);
     t[30002] = 'b';
     CHECK_EQ_INT(k3_tok_encode(tok, t, 30003, K3_TOK_KIMI_SLICES, &got, &ngot, &e), 0);
     encode_concat(tok, t, 25002, t + 25002, 5001, &want, &nwant);
     check_same_ids(got, ngot, want, nwant);
     free(want);
+    CHECK_EQ_INT(k3_tok_encode(tok, t, 30003, 0, &want, &nwant, &e), 0);
+    CHECK(ngot != nwant || memcmp(got, want, ngot * sizeof *got) != 0);
+    free(want);
     free(got);
-    /* windows of 400,000 characters, not bytes: "\xc3\xa9 " is 2 characters in 3 bytes */
+    /* windows of 400,000 characters, not bytes: "\xc3\xa9 hello" is 7
+     * characters in 8 bytes; character 400,000 is the 'o' of a "hello", so
+     * the cut changes the ids */
     size_t n = 0;
-    for (size_t c = 0; c < 400100; c += 2) {
-        memcpy(t + n, "\xc3\xa9 ", 3);
-        n += 3;
+    for (size_t c = 0; c < 400100; c += 7) {
+        memcpy(t + n, "\xc3\xa9 hello", 8);
+        n += 8;
     }
     CHECK_EQ_INT(k3_tok_encode(tok, t, n, K3_TOK_KIMI_SLICES | K3_TOK_ALLOW_SPECIAL, &got, &ngot, &e), 0);
-    encode_concat(tok, t, 600000, t + 600000, n - 600000, &want, &nwant);
+    encode_concat(tok, t, 57142 * 8 + 7, t + 57142 * 8 + 7, n - (57142 * 8 + 7), &want, &nwant);
+    check_same_ids(got, ngot, want, nwant);
+    free(want);
+    free(got);
+    /* a run that straddles a window boundary is counted afresh in the new
+     * window: 10,002 + 19,999 letters, no 25,000 cut after the boundary */
+    n = 0;
+    for (size_t u = 0; u < 55714; u++) {
+        memcpy(t + n, "\xc3\xa9 hello", 8);
+        n += 8;
+    }
+    memset(t + n, 'a', 30001);
+    n += 30001;
+    CHECK_EQ_INT(k3_tok_encode(tok, t, n, K3_TOK_KIMI_SLICES, &got, &ngot, &e), 0);
+    encode_concat(tok, t, 55714 * 8 + 10002, t + 55714 * 8 + 10002, n - (55714 * 8 + 10002), &want, &nwant);
     check_same_ids(got, ngot, want, nwant);
     free(want);
     free(got);
