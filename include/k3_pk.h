@@ -156,7 +156,7 @@ const k3_pk_unit *k3_pk_unit_at(const k3_pk *pk, uint32_t i);
 void k3_pk_layer_units(const k3_pk *pk, int32_t layer, const uint32_t **ids, uint32_t *n);
 
 /* Experts. NULL / 0 when the model has no MoE layer. */
-const k3_pk_expert_layout *k3_pk_expert_layout(const k3_pk *pk);
+const k3_pk_expert_layout *k3_pk_experts(const k3_pk *pk);
 /* Record of (layer, expert); NULL if layer is not a MoE layer or expert is out
  * of range. */
 const k3_pk_record *k3_pk_record_find(const k3_pk *pk, uint32_t layer, uint32_t expert);
