@@ -312,9 +312,22 @@ int k3_vfy_upstream(k3_vfy *v, k3_err *e)
         for (uint64_t i = 0; sh[s].header_ok && i < sh[s].h.count; i++)
             all[k++] = (tref){sh[s].h.tensors[i].name, s, &sh[s].h.tensors[i]};
     qsort(all, nall, sizeof *all, tref_cmp);
-    for (uint64_t i = 1; i < nall; i++)
-        if (!strcmp(all[i].name, all[i - 1].name))
-            k3_vfy_problem(v, sh[all[i].shard].name, "tensor %s is also in %s", all[i].name, sh[all[i - 1].shard].name);
+    /* duplicates: one line per shard holding a second copy */
+    miss *dup = calloc(ns ? ns : 1, sizeof *dup);
+    uint32_t *dup_of = calloc(ns ? ns : 1, sizeof *dup_of);
+    for (uint64_t i = 1; dup && dup_of && i < nall; i++)
+        if (!strcmp(all[i].name, all[i - 1].name)) {
+            uint32_t a = all[i - 1].shard, b = all[i].shard, hi = a > b ? a : b;
+            if (!dup[hi].n)
+                dup_of[hi] = a > b ? b : a;
+            miss_add(&dup[hi], all[i].name);
+        }
+    for (uint32_t s = 0; dup && dup_of && s < ns; s++)
+        if (dup[s].n)
+            k3_vfy_problem(v, sh[s].name, "%" PRIu64 " tensors are also in %s: %s%s", dup[s].n, sh[dup_of[s]].name,
+                           dup[s].text, dup[s].n > MAX_LIST ? ", ..." : "");
+    free(dup);
+    free(dup_of);
 
     int index_present = 0;
     check_index(v, sh, ns, all, nall, &index_present);
