@@ -224,7 +224,7 @@ static int quantize_matrix(conv *cv, open_rec *o, int which, const uint8_t *w, k
     uint32_t esz = k3_dtype_size(wt), ssz = sinv ? k3_dtype_size(st) : 0;
     uint64_t bcols = (cols + 127) / 128;
     int oom = 0;
-#pragma omp parallel
+#pragma omp parallel if (rows * cols >= (1u << 20))
     {
         float *row = malloc(cols * sizeof *row);
         if (!row) {
