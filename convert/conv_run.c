@@ -46,12 +46,19 @@ void k3_conv_interrupt(void)
  * that point (STAGE: chunk = after the group's first chunk is converted,
  * published = after its files are renamed but before its journal entry,
  * journaled = after its journal entry, index = after experts.idx, before the
- * manifest; GROUP is ignored for index). Costs one getenv per group. */
+ * manifest; GROUP is ignored for index; "interrupt:G" raises SIGINT instead,
+ * as Ctrl-C would, after group G's first chunk). */
 static void crash_point(const char *stage, uint32_t g)
 {
     const char *v = getenv("K3_CONVERT_CRASH");
     if (!v)
         return;
+    if (!strcmp(stage, "chunk") && !strncmp(v, "interrupt:", 10)) {
+        char *end;
+        if (strtoul(v + 10, &end, 10) == g && !*end)
+            raise(SIGINT);
+        return;
+    }
     size_t n = strlen(stage);
     if (strncmp(v, stage, n) || v[n] != ':')
         return;
