@@ -182,6 +182,7 @@ typedef struct conv {
     k3_conv_w tw, xw;           /* trunk and experts writers of the group */
     int has_t, has_x;
     uint64_t ti;                /* tensor cursor */
+    uint32_t g;                 /* the group being converted */
     uint8_t *scratch;           /* CHUNK + 64 */
     uint8_t carry[8];
     uint32_t carry_len;
@@ -386,7 +387,7 @@ static int process_chunk(conv *cv, const chunk *c, k3_err *e)
         int rc = 0;
         if (ct->role == K3_CONV_T_TRUNK)
             rc = handle_trunk(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo, e);
-        else if (ct->role == K3_CONV_T_EXPERT)
+        else if (ct->role == K3_CONV_T_EXPERT && p->recs[ct->rec].group == cv->g)
             rc = handle_expert(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo, e);
         if (rc)
             return rc;
@@ -608,6 +609,28 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
         goto fail;
     }
     cv->ti = 0;
+    cv->g = g;
+    /* parts of this group's records that lie in earlier shards (an expert
+     * straddling a shard boundary): read them directly first */
+    for (uint64_t r = 0; rc == 0 && r < p->nrecs; r++) {
+        if (p->recs[r].group != g)
+            continue;
+        for (int w = 0; rc == 0 && w < 3; w++)
+            for (int q = 0; rc == 0 && q < K3_MAN_XP_COUNT; q++) {
+                int32_t ti = p->recs[r].parts[w][q];
+                if (ti < 0 || p->tensors[ti].st->shard >= G->shard_first)
+                    continue;
+                const k3_st_tensor *t = p->tensors[ti].st;
+                uint8_t *buf = malloc(t->nbytes ? (size_t)t->nbytes : 1);
+                if (!buf)
+                    rc = k3_err_set(e, K3_ENOMEM, "out of memory reading %s", t->name);
+                if (rc == 0)
+                    rc = k3_st_read(p->st, t, buf, e);
+                if (rc == 0)
+                    rc = handle_expert(cv, &p->tensors[ti], 0, buf, t->nbytes, e);
+                free(buf);
+            }
+    }
     for (;;) {
         pthread_mutex_lock(&rd->mu);
         while (rd->count == 0 && !rd->finished)
