@@ -5,9 +5,11 @@
  *   k3-run --tokenize (--prompt TEXT | --prompt-file PATH) [--tok DIR | MODEL_DIR]
  *   k3-run --detokenize --ids 1,2,3 [--tok DIR | MODEL_DIR]
  *
- * Output: generated text streamed to stdout as it is produced (the ids,
- * comma-separated, when there is no tokenizer), or with --json one JSON
- * object at the end. Diagnostics on stderr; a failure is one line
+ * Output: generated text streamed to stdout as it is produced, byte for byte
+ * (plus a final newline only when stdout is a terminal); without a
+ * tokenizer the generated ids, comma-separated, then a newline; with --json
+ * one JSON object at the end instead. Special-token text in a text prompt
+ * becomes the special ids. Diagnostics on stderr; a failure is one line
  * "k3-run: error: ..." and the exit status of README.md.
  */
 #include <cjson/cJSON.h>
@@ -506,7 +508,9 @@ int main(int argc, char **argv)
         if (rc < 0)
             goto out;
     }
-    if (!json && (n_gen || !ts))
+    /* ids end with a newline; text is written verbatim (a newline is added
+     * only for a terminal, so that redirected output is exactly the text) */
+    if (!json && (!ts || isatty(STDOUT_FILENO)))
         printf("\n");
     fflush(stdout);
     if (logits_path && (rc = write_floats(logits_path, first, V, &e)) < 0)

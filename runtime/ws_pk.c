@@ -313,15 +313,17 @@ int k3_ws_pk_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)
     w->embed = k3_pk_tensor_find(w->pk, "language_model.model.embed_tokens.weight");
     if (!w->embed || (w->embed->dtype != K3_DT_BF16 && w->embed->dtype != K3_DT_F32) || w->embed->ndim != 2 ||
         w->embed->shape[0] != c->vocab_size || w->embed->shape[1] != c->hidden_size) {
+        rc = k3_err_set(e, K3_EFORMAT, "%s: embed_tokens.weight missing or not as expected: BF16/F32 [%u, %u]", dir,
+                        c->vocab_size, c->hidden_size);
         pk_close(&w->base);
-        return k3_err_set(e, K3_EFORMAT, "%s: embed_tokens.weight missing or not BF16/F32 [%u, %u]", dir,
-                          c->vocab_size, c->hidden_size);
+        return rc;
     }
     w->lay = k3_pk_experts(w->pk);
     if (w->lay && (w->lay->rows_w13 != c->moe_intermediate_size || w->lay->cols_w13 != c->routed_expert_hidden_size)) {
+        rc = k3_err_set(e, K3_EFORMAT, "%s: expert records are %ux%u, expected %ux%u from the config", dir,
+                        w->lay->rows_w13, w->lay->cols_w13, c->moe_intermediate_size, c->routed_expert_hidden_size);
         pk_close(&w->base);
-        return k3_err_set(e, K3_EFORMAT, "%s: expert records are %ux%u, config says %ux%u", dir, w->lay->rows_w13,
-                          w->lay->cols_w13, c->moe_intermediate_size, c->routed_expert_hidden_size);
+        return rc;
     }
     *out = &w->base;
     return 0;

@@ -322,9 +322,12 @@ int k3_ws_st_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)
     }
     if ((w->embed->dtype != K3_DT_BF16 && w->embed->dtype != K3_DT_F32) || w->embed->ndim != 2 ||
         w->embed->shape[0] != c->vocab_size || w->embed->shape[1] != c->hidden_size) {
+        rc = k3_err_set(e, K3_EFORMAT, "%s: embed_tokens.weight is %s [%llu, %llu], expected BF16 or F32 [%u, %u]",
+                        dir, k3_dtype_name(w->embed->dtype), (unsigned long long)w->embed->shape[0],
+                        (unsigned long long)(w->embed->ndim > 1 ? w->embed->shape[1] : 0), c->vocab_size,
+                        c->hidden_size);
         st_close(&w->base);
-        return k3_err_set(e, K3_EFORMAT, "%s: embed_tokens.weight must be BF16 or F32 [%u, %u]", dir,
-                          c->vocab_size, c->hidden_size);
+        return rc;
     }
     const uint64_t I = c->moe_intermediate_size, L = c->routed_expert_hidden_size, n = I * L;
     w->rec_off[0] = 0; w->rec_off[1] = n / 2;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "k3_gen.h"
 #include "k3_kern.h"
 #include "k3_model.h"
 #include "k3_test.h"
@@ -187,4 +188,61 @@ K3_TEST(kernel_row_results_do_not_depend_on_the_batch)
         CHECK(memcmp(y1, y + t * R, R * 4) == 0);
     }
     free(w); free(wf); free(x); free(y); free(y1); free(p); free(sc);
+}
+
+K3_TEST(gen_stops_at_an_end_of_sequence_id_and_reports_it)
+{
+    k3_ws *ws = tiny_ws();
+    k3_err e = {0};
+    k3_model *m;
+    k3_sess *s;
+    k3_sampler *smp;
+    CHECK_EQ_INT(k3_model_open(&m, ws, NULL, &e), 0);
+    CHECK_EQ_INT(k3_sess_create(&s, m, 32, &e), 0);
+    CHECK_EQ_INT(k3_sampler_create(&smp, 97, 0.0f, 0, 1.0f, 0, &e), 0);
+    float lg[97], first[97];
+    uint32_t out[8], n = 0;
+    k3_gen_stats st;
+    k3_gen_opts o = {8, NULL, 0, lg, first, NULL, NULL, NULL};
+    CHECK_EQ_INT(k3_gen_run(m, s, smp, ids32, 4, &o, out, &n, &st, &e), 0);
+    CHECK_EQ_INT(n, 8);
+    CHECK_EQ_INT(st.stopped_by_eos, 0);
+    /* now with the third greedy token as end-of-sequence */
+    uint32_t eos = out[2], out2[8];
+    k3_sess_reset(s);
+    o.eos = &eos;
+    o.n_eos = 1;
+    CHECK_EQ_INT(k3_gen_run(m, s, smp, ids32, 4, &o, out2, &n, &st, &e), 0);
+    CHECK(n <= 3);
+    CHECK_EQ_INT(out2[n - 1], eos);
+    CHECK_EQ_INT(st.stopped_by_eos, 1);
+    k3_sampler_free(smp);
+    k3_sess_free(s);
+    k3_model_close(m);
+    k3_ws_close(ws);
+}
+
+K3_TEST(sampler_greedy_ties_go_to_the_lowest_id_and_seeds_repeat)
+{
+    k3_err e = {0};
+    k3_sampler *g, *a, *b;
+    float x[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f, 0.0f};
+    CHECK_EQ_INT(k3_sampler_create(&g, 6, 0.0f, 0, 1.0f, 0, &e), 0);
+    CHECK_EQ_INT(k3_sampler_next(g, x), 1);
+    CHECK_EQ_INT(k3_sampler_create(&a, 6, 1.0f, 0, 1.0f, 77, &e), 0);
+    CHECK_EQ_INT(k3_sampler_create(&b, 6, 1.0f, 0, 1.0f, 77, &e), 0);
+    int hist[6] = {0};
+    for (int i = 0; i < 2000; i++) {
+        uint32_t u = k3_sampler_next(a, x), v = k3_sampler_next(b, x);
+        CHECK_EQ_INT(u, v);
+        hist[u]++;
+    }
+    /* p = softmax(x): ids 1 and 3 (0.34 each) dominate, id 2 is rare (0.02) */
+    CHECK(hist[1] > 550 && hist[1] < 800);
+    CHECK(hist[3] > 550 && hist[3] < 800);
+    CHECK(hist[2] < 100);
+    k3_sampler_free(g);
+    k3_sampler_free(a);
+    k3_sampler_free(b);
+    CHECK(k3_sampler_create(&a, 6, 1.0f, 0, 0.0f, 1, &e) == K3_EARG);
 }
