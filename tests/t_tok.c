@@ -140,7 +140,7 @@ static void expect_model_error(const char *model, size_t n, int code, const char
 /* The 256 single bytes as model lines, then extra (rank numbers as given). */
 static char *bytes_model(const char *extra, size_t *n)
 {
-    size_t cap = 1 << 20, len = 0;
+    size_t cap = 8192 + strlen(extra), len = 0;
     char *m = malloc(cap), enc[16];
     for (int b = 0; b < 256; b++) {
         uint8_t c = (uint8_t)b;
@@ -564,6 +564,75 @@ static void write_case(const k3_tok *tok, const char *dir, const char *name, con
     free(ids);
 }
 
+/* Split check, independent of any BPE: a vocabulary made of the 256 bytes and
+ * every distinct piece k3 cuts the text into. tiktoken looks a whole piece up
+ * before merging, so it gives exactly one id per k3 piece (that piece's rank)
+ * if and only if it cuts the text where k3 does. Writes pieces.model,
+ * pieces.txt and pieces.ids. */
+static const char *piece_text;
+static const uint64_t *piece_at; /* start, end pairs */
+
+static int cmp_piece(const void *a, const void *b)
+{
+    uint64_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
+    uint64_t li = piece_at[2 * i + 1] - piece_at[2 * i], lj = piece_at[2 * j + 1] - piece_at[2 * j];
+    int c = memcmp(piece_text + piece_at[2 * i], piece_text + piece_at[2 * j], li < lj ? li : lj);
+    return c ? c : li < lj ? -1 : li > lj;
+}
+
+static void write_piece_vocab(const char *dir, const char *text, uint64_t n)
+{
+    uint64_t np = 0, cap = n + 1;
+    uint64_t *at = malloc(2 * cap * sizeof *at);
+    for (uint64_t pos = 0; pos < n; np++) {
+        uint64_t end = k3_tok_split_next(text, n, pos);
+        at[2 * np] = pos;
+        at[2 * np + 1] = end;
+        pos = end;
+    }
+    uint32_t *order = malloc(np * sizeof *order), *rank = malloc(np * sizeof *rank);
+    for (uint64_t i = 0; i < np; i++)
+        order[i] = (uint32_t)i;
+    piece_text = text;
+    piece_at = at;
+    qsort(order, np, sizeof *order, cmp_piece);
+    char p[4096];
+    snprintf(p, sizeof p, "%s/pieces.model", dir);
+    FILE *f = fopen(p, "wb");
+    CHECK(f != NULL);
+    char enc[16];
+    for (int b = 0; b < 256; b++) {
+        uint8_t c = (uint8_t)b;
+        b64(&c, 1, enc);
+        fprintf(f, "%s %d\n", enc, b);
+    }
+    char *big = malloc(4 * (n + 3) / 3 + 8);
+    uint32_t next = 256;
+    for (uint64_t k = 0; k < np; k++) {
+        uint64_t i = order[k], len = at[2 * i + 1] - at[2 * i];
+        if (len == 1) {
+            rank[i] = (uint8_t)text[at[2 * i]];
+            continue;
+        }
+        if (k && cmp_piece(&order[k - 1], &order[k]) == 0) {
+            rank[i] = rank[order[k - 1]];
+            continue;
+        }
+        rank[i] = next++;
+        b64((const uint8_t *)text + at[2 * i], len, big);
+        fprintf(f, "%s %u\n", big, rank[i]);
+    }
+    CHECK(fclose(f) == 0);
+    snprintf(p, sizeof p, "%s/pieces.txt", dir);
+    write_file(p, text, n);
+    snprintf(p, sizeof p, "%s/pieces.ids", dir);
+    write_file(p, (const char *)rank, np * sizeof *rank);
+    free(big);
+    free(order);
+    free(rank);
+    free(at);
+}
+
 K3_TEST_TIMEOUT(tok_matches_tiktoken_on_generated_corpus, 400)
 {
     const char *root = k3t_root(), *dir = k3t_tmpdir();
@@ -644,6 +713,7 @@ K3_TEST_TIMEOUT(tok_matches_tiktoken_on_generated_corpus, 400)
     free(ids);
 
     write_case(tok, dir, "plain", valid, vn, 0);
+    write_piece_vocab(dir, valid, vn);
     const char *sp = "Hello<|endoftext|>world <|endofprompt|><|endoftext|> <|endoftext|x <|endoftext|>";
     write_case(tok, dir, "special", sp, strlen(sp), 1);
     k3_tok_close(tok);

@@ -348,10 +348,13 @@ class Model:
     """Weights of one checkpoint in float64 plus the forward pass.
     state = model.new_state(); logits = model.forward(ids, state)."""
 
-    def __init__(self, ckpt_dir, plant=None):
+    def __init__(self, ckpt_dir, plant=None, dtype=np.float64):
         if plant is not None and plant not in PLANTS:
             raise ValueError(f"unknown plant {plant!r}; known: {', '.join(PLANTS)}")
         self.plant = plant
+        # float64 is the reference; float32 only emulates a float32 runtime to
+        # estimate how far a correct one may sit from the reference
+        self.dt = np.dtype(dtype)
         self.cfg = cfg = load_config(ckpt_dir)
         self.st = stnp.SafetensorsDir(ckpt_dir)
         self.min_margin = np.inf  # smallest routing margin seen (diagnostics)
@@ -365,7 +368,7 @@ class Model:
     # weights -----------------------------------------------------------
 
     def _get(self, name, shape):
-        a = self.st.get_f64(name)
+        a = self.st.get_f64(name).astype(self.dt)
         if int(np.prod(a.shape)) != int(np.prod(shape)):
             raise stnp.SafetensorsError(f"tensor {name}: shape {list(a.shape)}, expected {list(shape)}")
         if a.ndim == len(shape) and tuple(a.shape) != tuple(shape):
@@ -382,7 +385,7 @@ class Model:
             scale = self.st.get(base + "weight_scale")
             if self.st.dtype(base + "weight_packed") != "U8" or self.st.dtype(base + "weight_scale") != "U8":
                 raise stnp.SafetensorsError(f"tensor {base}weight_packed/_scale: MXFP4 parts must be U8")
-            return mxfp4_dequant(packed, scale, n_in, nibble_swap=(self.plant == "nibble_swap"))
+            return mxfp4_dequant(packed, scale, n_in, nibble_swap=(self.plant == "nibble_swap")).astype(self.dt)
         return self._get(base + "weight", (rows, n_in))
 
     def _load_layer(self, L):
@@ -420,7 +423,7 @@ class Model:
             alog = self.st.get_f64(PFX + a + "A_log").reshape(-1)
             if alog.size < H:
                 raise stnp.SafetensorsError(f"tensor {PFX}{a}A_log: {alog.size} values, need at least {H}")
-            ly["A"] = np.exp(alog[:H])
+            ly["A"] = np.exp(alog[:H]).astype(self.dt)
             ly["dt_bias"] = self.w(a + "dt_bias", (P,))
             ly["o_norm"] = self.w(a + "o_norm.weight", (D,))
         m = p + "mlp." if ly["dense"] else p + "block_sparse_moe."
@@ -469,10 +472,10 @@ class Model:
         st = []
         for ly in self.layers:
             if ly["mla"]:
-                st.append({"lat": np.zeros((0, c.kv_lora)), "kr": np.zeros((0, c.rope))})
+                st.append({"lat": np.zeros((0, c.kv_lora), self.dt), "kr": np.zeros((0, c.rope), self.dt)})
             else:
-                st.append({"S": np.zeros((c.H, c.D, c.D)),
-                           "hist": {nm: np.zeros((c.conv - 1, P)) for nm in "qkv"}})
+                st.append({"S": np.zeros((c.H, c.D, c.D), self.dt),
+                           "hist": {nm: np.zeros((c.conv - 1, P), self.dt) for nm in "qkv"}})
         return st
 
     # layers --------------------------------------------------------------
@@ -547,7 +550,7 @@ class Model:
         L = ly["index"]
         idx, wts = self.route(ly, x)
         z = x @ ly["lat_down"].T  # [T][L]
-        acc = np.zeros((x.shape[0], c.L_lat))
+        acc = np.zeros((x.shape[0], c.L_lat), self.dt)
         for t in range(x.shape[0]):
             for j in range(c.topk):  # sum in top-k order
                 e = idx[t, j]
@@ -635,6 +638,8 @@ def main(argv=None):
     ap.add_argument("--logits", help="write f32 LE logits [V] of the last prompt position")
     ap.add_argument("--plant", choices=PLANTS, help="compute a deliberately wrong model")
     ap.add_argument("--verbose", action="store_true", help="diagnostics on stderr")
+    ap.add_argument("--float32", action="store_true",
+                    help="NOT the reference: compute in float32 to see how far a correct float32 runtime may drift")
     a = ap.parse_args(argv)
     try:
         ids = _parse_ids(a.ids)
@@ -645,7 +650,7 @@ def main(argv=None):
         print("k3ref: error: --gen must be >= 0", file=sys.stderr)
         return 2
     try:
-        model = Model(a.ckpt, plant=a.plant)
+        model = Model(a.ckpt, plant=a.plant, dtype=np.float32 if a.float32 else np.float64)
     except (ConfigError, stnp.SafetensorsError, ValueError) as ex:
         print(f"k3ref: error: {ex}", file=sys.stderr)
         return 3

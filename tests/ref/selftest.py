@@ -643,6 +643,17 @@ def every_planted_bug_moves_the_logits_far_beyond_the_gate():
         print(f"     plant {plant}: relative logit difference {r:.3g}")
 
 
+@test
+def float32_emulation_stays_float32_and_near_the_reference():
+    m32 = k3ref.Model(ckpt("mx"), dtype=np.float32)
+    st = m32.new_state()
+    got = m32.forward(PROMPT, st)
+    assert got.dtype == np.float32 and all(v.dtype == np.float32 for d in st for v in d.values()
+                                           if isinstance(v, np.ndarray))
+    r = rel(got.astype(np.float64), run_logits(model("mx"), PROMPT))
+    assert 1e-9 < r < 1e-3, r
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -686,7 +697,7 @@ def cli_planted_bugs_fail_the_logit_gate():
     good = os.path.join(TMP, "good.bin")
     assert subprocess.run(k3 + ["--logits-all", good], capture_output=True, timeout=60).returncode == 0
     V = model("mx").cfg.V
-    p = subprocess.run(cmp + [good, good, "--vocab", str(V)], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(cmp + [good, good, "--ckpt", d], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.startswith("rel=0.000e+00"), p.stdout
     for plant in k3ref.PLANTS:
         bad = os.path.join(TMP, f"{plant}.bin")
