@@ -247,6 +247,7 @@ int main(int argc, char **argv)
     uint64_t gen = 64, chunk = 64, threads = 0, top_k = 0, seed = 0;
     double temperature = 0.0, top_p = 1.0;
     int json = 0, tokenize = 0, detokenize = 0;
+    k3_io_fault_reset();
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

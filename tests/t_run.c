@@ -219,3 +219,63 @@ K3_TEST(run_sampling_is_reproducible_from_the_seed)
     CHECK_STR_EQ(g, p0);
     free(a); free(b); free(c); free(g); free(k1); free(p0);
 }
+
+/* The product path: k3-convert's packed model gives the very same logits as
+ * the upstream checkpoint it came from (experts as MXFP4, and as BF16 that
+ * both sides quantize by the same rule), and finds its tokenizer. */
+K3_TEST_TIMEOUT(run_packed_model_matches_the_upstream_checkpoint_bit_for_bit, 300)
+{
+    const char *tmp = k3t_tmpdir();
+    static const char *forms[2] = {"mxfp4", "bf16"};
+    for (int f = 0; f < 2; f++) {
+        char *err = NULL;
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth %s/up%d --preset tiny --experts %s --quiet", tmp, f, forms[f]), 0);
+        int rc = k3t_runf(NULL, &err, "k3-convert %s/up%d %s/pk%d", tmp, f, tmp, f);
+        if (rc)
+            fprintf(stderr, "%s", err ? err : "");
+        CHECK_EQ_INT(rc, 0);
+        free(err);
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-run %s/up%d --ids 4,8,15,16,23,42,99 --gen 0 --logits-all %s/a%d.bin",
+                              tmp, f, tmp, f), 0);
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-run %s/pk%d --ids 4,8,15,16,23,42,99 --gen 0 --logits-all %s/b%d.bin",
+                              tmp, f, tmp, f), 0);
+        char a[4200], b[4200];
+        snprintf(a, sizeof a, "%s/a%d.bin", tmp, f);
+        snprintf(b, sizeof b, "%s/b%d.bin", tmp, f);
+        CHECK(files_equal(a, b));
+    }
+    char *x = NULL, *y = NULL;
+    CHECK_EQ_INT(k3t_runf(&x, NULL, "k3-run %s/up0 --prompt 'The packed path' --gen 6 --json", tmp), 0);
+    CHECK_EQ_INT(k3t_runf(&y, NULL, "k3-run %s/pk0 --prompt 'The packed path' --gen 6 --json", tmp), 0);
+    char *gx = strstr(x, "\"timings\""), *gy = strstr(y, "\"timings\"");
+    CHECK(gx && gy);
+    *gx = *gy = 0;
+    CHECK_STR_EQ(x, y);
+    free(x);
+    free(y);
+}
+
+K3_TEST(run_refuses_corrupted_or_unreadable_packed_data)
+{
+    const char *tmp = k3t_tmpdir();
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth %s/up --preset tiny --quiet && k3-convert %s/up %s/pk", tmp, tmp, tmp), 0);
+    /* a bit flipped in layer 0's trunk unit as it is read: the unit CRC catches it */
+    char *out = NULL, *err = NULL;
+    char unit0[8192];
+    snprintf(unit0, sizeof unit0, "$(/usr/bin/python3 -c \"import json,sys; u=[x for x in json.load(open(sys.argv[1]))"
+                        "['trunk']['units'] if x['layer']==0][0]; print(u['file'], u['offset'])\" %s/pk/manifest.json)", tmp);
+    int rc = k3t_runf(&out, &err, "set -- %s; f=$(printf 'trunk-%%04d.k3t' $1); "
+                      "K3_FAULT=flip:$f:$(($2+100)) k3-run %s/pk --ids 1,2,3,4,5,6,7,8 --gen 2", unit0, tmp);
+    CHECK_EQ_INT(rc, 5);
+    CHECK_STR_CONTAINS(err, "k3-run: error: ");
+    CHECK_EQ_INT(count_lines(err), 1);
+    CHECK_STR_EQ(out, "");
+    free(out);
+    free(err);
+    /* an I/O error while reading */
+    rc = k3t_runf(NULL, &err, "set -- %s; f=$(printf 'trunk-%%04d.k3t' $1); "
+                  "K3_FAULT=eio:$f:$2 k3-run %s/pk --ids 1,2,3 --gen 2", unit0, tmp);
+    CHECK_EQ_INT(rc, 4);
+    CHECK_EQ_INT(count_lines(err), 1);
+    free(err);
+}
