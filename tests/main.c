@@ -213,6 +213,7 @@ int main(int argc, char **argv)
     if (asprintf(&newpath, "%s:%s", bindir, path ? path : "/usr/bin:/bin") < 0)
         return 2;
     setenv("PATH", newpath, 1);
+    free(newpath);
     const char *tb = getenv("TMPDIR");
     if (tb && strlen(tb) > 512)
         tb = "/tmp";
