@@ -73,6 +73,9 @@ const char *k3_st_shard_path(const k3_st *st, uint32_t shard);
 const char *k3_st_shard_name(const k3_st *st, uint32_t shard);  /* file name only */
 uint64_t k3_st_shard_size(const k3_st *st, uint32_t shard);
 int k3_st_shard_fd(const k3_st *st, uint32_t shard);
+/* 1 if the shard's fd was opened with O_DIRECT (K3_ST_DIRECT and the
+ * filesystem allows it): reads on it must be aligned (k3_io_pread_direct). */
+int k3_st_shard_is_direct(const k3_st *st, uint32_t shard);
 uint64_t k3_st_shard_data_start(const k3_st *st, uint32_t shard); /* 8 + N */
 
 /* Read a whole tensor / a byte range [off, off+n) of it into dst. */

@@ -1,0 +1,1118 @@
+/*
+ * st.c - safetensors shards: header parsing, the checkpoint-wide tensor index,
+ * and tensor reads (see k3_st.h).
+ *
+ * Invariants:
+ * - A parsed header is fully validated before anything is returned: every
+ *   tensor has a known dtype, at most K3_ST_MAX_DIMS dims, a byte size equal
+ *   to product(shape) * dtype size computed without overflow, and the
+ *   tensors tile the data area exactly: no overlap, no hole, nothing after
+ *   the last tensor (the safetensors format requires the byte buffer to be
+ *   entirely indexed). Tensors are kept sorted by offset.
+ * - A k3_st's tensor array is the concatenation of its shards' sorted arrays
+ *   (shards in name order), so it is sorted by (shard, offset); it is never
+ *   reallocated after k3_st_open returns, so borrowed pointers stay valid.
+ * - Names are unique in the whole checkpoint (one open-addressing table,
+ *   power-of-two sized, at most half full, FNV-1a).
+ * - With an index file, the index and the shards agree exactly (same tensor
+ *   set, same tensor -> shard map, no unreferenced shard file in the folder).
+ */
+#include "k3_st.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "k3_io.h"
+#include "st_json.h"
+
+#define INDEX_NAME "model.safetensors.index.json"
+#define MAX_INDEX_BYTES (1ull << 30)
+#define MAX_SHARD_NAME 255u
+#define MAX_TENSORS (1ull << 28)
+#define DIRECT_CHUNK (4u << 20)
+
+/* ---- dtypes --------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    uint32_t size;
+} dtypes[K3_DT_COUNT] = {
+    [K3_DT_BF16] = {"BF16", 2},    [K3_DT_F16] = {"F16", 2},          [K3_DT_F32] = {"F32", 4},
+    [K3_DT_U8] = {"U8", 1},        [K3_DT_I8] = {"I8", 1},            [K3_DT_I32] = {"I32", 4},
+    [K3_DT_F8_E4M3] = {"F8_E4M3", 1}, [K3_DT_F8_E5M2] = {"F8_E5M2", 1},
+};
+
+const char *k3_dtype_name(k3_dtype t)
+{
+    return (unsigned)t < K3_DT_COUNT ? dtypes[t].name : "?";
+}
+
+int k3_dtype_from_name(const char *s, k3_dtype *t)
+{
+    for (int i = 0; i < K3_DT_COUNT; i++)
+        if (!strcmp(s, dtypes[i].name)) {
+            *t = (k3_dtype)i;
+            return 0;
+        }
+    return K3_EFORMAT;
+}
+
+uint32_t k3_dtype_size(k3_dtype t)
+{
+    return (unsigned)t < K3_DT_COUNT ? dtypes[t].size : 0;
+}
+
+/* ---- name table ----------------------------------------------------------- */
+
+/* Open addressing over indices into a caller's array of names; slot holds
+ * index + 1 (0 = empty) and the hash, so most probes never touch the name. */
+typedef struct ntab {
+    uint32_t *idx;
+    uint32_t *hash;
+    uint64_t mask;
+} ntab;
+
+typedef const char *(*name_of_fn)(const void *ctx, uint32_t i);
+
+static uint32_t fnv1a(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+static int ntab_init(ntab *t, uint64_t count)
+{
+    uint64_t n = 16;
+    while (n < 2 * count)
+        n <<= 1;
+    t->idx = calloc((size_t)n, sizeof *t->idx);
+    t->hash = malloc((size_t)n * sizeof *t->hash);
+    t->mask = n - 1;
+    if (!t->idx || !t->hash) {
+        free(t->idx);
+        free(t->hash);
+        t->idx = t->hash = NULL;
+        return K3_ENOMEM;
+    }
+    return 0;
+}
+
+static void ntab_free(ntab *t)
+{
+    free(t->idx);
+    free(t->hash);
+    t->idx = t->hash = NULL;
+}
+
+/* Insert index i (name s); returns -1 if inserted, else the index already
+ * holding the same name. */
+static int64_t ntab_insert(ntab *t, const char *s, uint32_t i, name_of_fn name_of, const void *ctx)
+{
+    uint32_t h = fnv1a(s);
+    for (uint64_t k = h & t->mask;; k = (k + 1) & t->mask) {
+        if (!t->idx[k]) {
+            t->idx[k] = i + 1;
+            t->hash[k] = h;
+            return -1;
+        }
+        if (t->hash[k] == h && !strcmp(name_of(ctx, t->idx[k] - 1), s))
+            return t->idx[k] - 1;
+    }
+}
+
+static int64_t ntab_find(const ntab *t, const char *s, name_of_fn name_of, const void *ctx)
+{
+    if (!t->idx)
+        return -1;
+    uint32_t h = fnv1a(s);
+    for (uint64_t k = h & t->mask;; k = (k + 1) & t->mask) {
+        if (!t->idx[k])
+            return -1;
+        if (t->hash[k] == h && !strcmp(name_of(ctx, t->idx[k] - 1), s))
+            return t->idx[k] - 1;
+    }
+}
+
+static const char *tensor_name_of(const void *ctx, uint32_t i)
+{
+    return ((const k3_st_tensor *)ctx)[i].name;
+}
+
+/* ---- one shard header ----------------------------------------------------- */
+
+void k3_st_header_free(k3_st_header *h)
+{
+    if (!h)
+        return;
+    free(h->tensors);
+    free(h->names);
+    memset(h, 0, sizeof *h);
+}
+
+/* Parse the value of a tensor entry into t; j->tensor is set. */
+static int parse_tensor_entry(k3_jc *j, k3_st_tensor *t, uint64_t data_size)
+{
+    int rc;
+    k3_jc_ws(j);
+    if (j->p >= j->end || *j->p != '{')
+        return k3_jc_fail(j, NULL, K3_EFORMAT, "entry must be an object, found %s", k3_jc_kind(j));
+    const uint8_t *entry = j->p++;
+    int have_dtype = 0, have_shape = 0, have_offsets = 0;
+    uint64_t begin = 0, end = 0;
+    k3_jc_ws(j);
+    if (j->p < j->end && *j->p == '}') {
+        j->p++;
+        goto check;
+    }
+    for (;;) {
+        char key[32];
+        const uint8_t *kpos;
+        k3_jc_ws(j);
+        kpos = j->p;
+        rc = k3_jc_string(j, key, sizeof key, NULL, "entry key");
+        if (rc == K3_ELIMIT) {
+            k3_err_clear(j->e);
+            return k3_jc_fail(j, kpos, K3_EFORMAT, "unexpected key in entry (only dtype, shape, data_offsets)");
+        }
+        if (rc || (rc = k3_jc_expect(j, ':', "after a key")))
+            return rc;
+        if (!strcmp(key, "dtype")) {
+            if (have_dtype++)
+                return k3_jc_fail(j, kpos, K3_EFORMAT, "dtype given twice");
+            char dt[32];
+            k3_jc_ws(j);
+            const uint8_t *vpos = j->p;
+            rc = k3_jc_string(j, dt, sizeof dt, NULL, "dtype");
+            if (rc == K3_ELIMIT) {
+                k3_err_clear(j->e);
+                return k3_jc_fail(j, vpos, K3_EFORMAT, "unknown dtype (a string of 32 bytes or more)");
+            }
+            if (rc)
+                return rc;
+            if (k3_dtype_from_name(dt, &t->dtype))
+                return k3_jc_fail(j, vpos, K3_EFORMAT,
+                                  "unknown dtype \"%s\" (known: BF16 F16 F32 U8 I8 I32 F8_E4M3 F8_E5M2)", dt);
+        } else if (!strcmp(key, "shape")) {
+            if (have_shape++)
+                return k3_jc_fail(j, kpos, K3_EFORMAT, "shape given twice");
+            k3_jc_ws(j);
+            if (j->p >= j->end || *j->p != '[')
+                return k3_jc_fail(j, NULL, K3_EFORMAT, "shape must be an array, found %s", k3_jc_kind(j));
+            j->p++;
+            t->ndim = 0;
+            k3_jc_ws(j);
+            if (j->p < j->end && *j->p == ']') {
+                j->p++;
+            } else {
+                for (;;) {
+                    uint64_t d;
+                    if (t->ndim == K3_ST_MAX_DIMS)
+                        return k3_jc_fail(j, NULL, K3_EFORMAT, "shape has more than %u dims", K3_ST_MAX_DIMS);
+                    if ((rc = k3_jc_uint(j, &d, "shape dim")))
+                        return rc;
+                    t->shape[t->ndim++] = d;
+                    k3_jc_ws(j);
+                    if (j->p < j->end && *j->p == ']') {
+                        j->p++;
+                        break;
+                    }
+                    if ((rc = k3_jc_expect(j, ',', "between shape dims")))
+                        return rc;
+                }
+            }
+        } else if (!strcmp(key, "data_offsets")) {
+            if (have_offsets++)
+                return k3_jc_fail(j, kpos, K3_EFORMAT, "data_offsets given twice");
+            k3_jc_ws(j);
+            if (j->p >= j->end || *j->p != '[')
+                return k3_jc_fail(j, NULL, K3_EFORMAT, "data_offsets must be an array, found %s", k3_jc_kind(j));
+            j->p++;
+            if ((rc = k3_jc_uint(j, &begin, "data_offsets begin")) ||
+                (rc = k3_jc_expect(j, ',', "in data_offsets [begin, end]")) ||
+                (rc = k3_jc_uint(j, &end, "data_offsets end")))
+                return rc;
+            k3_jc_ws(j);
+            if (j->p >= j->end || *j->p != ']')
+                return k3_jc_fail(j, NULL, K3_EFORMAT, "data_offsets must hold exactly two integers");
+            j->p++;
+        } else {
+            return k3_jc_fail(j, kpos, K3_EFORMAT, "unexpected key \"%s\" in entry (only dtype, shape, data_offsets)",
+                              key);
+        }
+        k3_jc_ws(j);
+        if (j->p < j->end && *j->p == '}') {
+            j->p++;
+            break;
+        }
+        if ((rc = k3_jc_expect(j, ',', "or '}' in entry")))
+            return rc;
+    }
+check:
+    if (!have_dtype || !have_shape || !have_offsets)
+        return k3_jc_fail(j, entry, K3_EFORMAT, "entry lacks %s%s%s", !have_dtype ? "dtype " : "",
+                          !have_shape ? "shape " : "", !have_offsets ? "data_offsets" : "");
+    if (begin > end)
+        return k3_jc_fail(j, entry, K3_EFORMAT, "data_offsets begin %" PRIu64 " > end %" PRIu64, begin, end);
+    if (end > data_size)
+        return k3_jc_fail(j, entry, K3_EFORMAT,
+                          "data_offsets [%" PRIu64 ", %" PRIu64 ") run past the data area (%" PRIu64 " bytes)",
+                          begin, end, data_size);
+    uint64_t n = k3_dtype_size(t->dtype);
+    for (uint32_t d = 0; d < t->ndim; d++) {
+        if (t->shape[d] && n > UINT64_MAX / t->shape[d])
+            return k3_jc_fail(j, entry, K3_EFORMAT, "shape product overflows 64 bits");
+        n *= t->shape[d];
+    }
+    if (n != end - begin)
+        return k3_jc_fail(j, entry, K3_EFORMAT,
+                          "size %" PRIu64 " bytes from data_offsets != %" PRIu64 " from shape x %s",
+                          end - begin, n, k3_dtype_name(t->dtype));
+    t->offset = begin;
+    t->nbytes = n;
+    return 0;
+}
+
+/* __metadata__: an object of string -> string. */
+static int parse_metadata(k3_jc *j)
+{
+    int rc;
+    k3_jc_ws(j);
+    if (j->p >= j->end || *j->p != '{')
+        return k3_jc_fail(j, NULL, K3_EFORMAT, "__metadata__ must be an object, found %s", k3_jc_kind(j));
+    j->p++;
+    k3_jc_ws(j);
+    if (j->p < j->end && *j->p == '}') {
+        j->p++;
+        return 0;
+    }
+    for (;;) {
+        if ((rc = k3_jc_string(j, NULL, 0, NULL, "__metadata__ key")) || (rc = k3_jc_expect(j, ':', "after a key")) ||
+            (rc = k3_jc_string(j, NULL, 0, NULL, "__metadata__ value")))
+            return rc;
+        k3_jc_ws(j);
+        if (j->p < j->end && *j->p == '}') {
+            j->p++;
+            return 0;
+        }
+        if ((rc = k3_jc_expect(j, ',', "or '}' in __metadata__")))
+            return rc;
+    }
+}
+
+static int cmp_offset(const void *a, const void *b)
+{
+    const k3_st_tensor *x = a, *y = b;
+    if (x->offset != y->offset)
+        return x->offset < y->offset ? -1 : 1;
+    if (x->nbytes != y->nbytes)
+        return x->nbytes < y->nbytes ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+int k3_st_header_parse(k3_st_header *h, const char *shard_name, const uint8_t *hdr, uint64_t hdr_len,
+                       uint64_t file_size, k3_err *e)
+{
+    memset(h, 0, sizeof *h);
+    if (hdr_len > K3_ST_MAX_HEADER)
+        return k3_err_set(e, K3_ELIMIT, "%s: byte 0: header length %" PRIu64 " exceeds the %u-byte limit",
+                          shard_name, hdr_len, K3_ST_MAX_HEADER);
+    if (file_size < 8 || hdr_len > file_size - 8)
+        return k3_err_set(e, K3_EFORMAT, "%s: byte 0: header length %" PRIu64 " runs past end of file (%" PRIu64
+                          " bytes)", shard_name, hdr_len, file_size);
+    h->data_start = 8 + hdr_len;
+    uint64_t data_size = file_size - h->data_start;
+    k3_jc j = {.start = hdr, .p = hdr, .end = hdr + hdr_len, .base = 8, .file = shard_name, .e = e};
+    if (hdr_len == 0 || hdr[0] != '{')
+        return k3_jc_fail(&j, NULL, K3_EFORMAT, "header is not a JSON object (it must start with '{')");
+
+    /* decoded names never outgrow their encoded form (quotes included) */
+    h->names = malloc((size_t)hdr_len + 1);
+    uint64_t cap = 64, used = 0;
+    h->tensors = malloc(cap * sizeof *h->tensors);
+    uint64_t *entry_pos = malloc(cap * sizeof *entry_pos);
+    char *names_end = h->names;
+    int rc = 0, seen_meta = 0;
+    if (!h->names || !h->tensors || !entry_pos) {
+        rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header", shard_name, hdr_len);
+        goto out;
+    }
+    j.p++;
+    k3_jc_ws(&j);
+    if (j.p < j.end && *j.p == '}') {
+        j.p++;
+        goto trailer;
+    }
+    for (;;) {
+        k3_jc_ws(&j);
+        const uint8_t *kpos = j.p;
+        size_t nlen;
+        j.tensor = NULL;
+        rc = k3_jc_string(&j, names_end, (size_t)(h->names + hdr_len + 1 - names_end), &nlen, "tensor name");
+        if (rc)
+            goto out;
+        if (nlen > K3_ST_MAX_NAME) {
+            rc = k3_jc_fail(&j, kpos, K3_EFORMAT, "tensor name is longer than %u bytes", K3_ST_MAX_NAME);
+            goto out;
+        }
+        if ((rc = k3_jc_expect(&j, ':', "after a tensor name")))
+            goto out;
+        if (!strcmp(names_end, "__metadata__")) {
+            if (seen_meta++) {
+                rc = k3_jc_fail(&j, kpos, K3_EFORMAT, "__metadata__ given twice");
+                goto out;
+            }
+            if ((rc = parse_metadata(&j)))
+                goto out;
+        } else {
+            if (nlen == 0) {
+                rc = k3_jc_fail(&j, kpos, K3_EFORMAT, "empty tensor name");
+                goto out;
+            }
+            if (used == cap) {
+                if (used >= MAX_TENSORS) {
+                    rc = k3_jc_fail(&j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)MAX_TENSORS);
+                    goto out;
+                }
+                cap *= 2;
+                k3_st_tensor *nt = realloc(h->tensors, cap * sizeof *nt);
+                if (nt)
+                    h->tensors = nt;
+                uint64_t *np = realloc(entry_pos, cap * sizeof *np);
+                if (np)
+                    entry_pos = np;
+                if (!nt || !np) {
+                    rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory for %" PRIu64 " tensors", shard_name, cap);
+                    goto out;
+                }
+            }
+            k3_st_tensor *t = &h->tensors[used];
+            memset(t, 0, sizeof *t);
+            t->name = names_end;
+            j.tensor = names_end;
+            if ((rc = parse_tensor_entry(&j, t, data_size)))
+                goto out;
+            entry_pos[used] = 8 + (uint64_t)(kpos - hdr);
+            names_end += nlen + 1;
+            used++;
+        }
+        k3_jc_ws(&j);
+        j.tensor = NULL;
+        if (j.p < j.end && *j.p == '}') {
+            j.p++;
+            break;
+        }
+        if ((rc = k3_jc_expect(&j, ',', "or '}' after a tensor entry")))
+            goto out;
+    }
+trailer:
+    /* the format allows padding the header with spaces */
+    k3_jc_ws(&j);
+    if (j.p != j.end) {
+        rc = k3_jc_fail(&j, NULL, K3_EFORMAT, "bytes after the header JSON (byte 0x%02x; only space padding is allowed)",
+                        *j.p);
+        goto out;
+    }
+    h->count = used;
+
+    /* duplicate names: the table indexes h->tensors before sorting */
+    if (used) {
+        ntab tab;
+        if (ntab_init(&tab, used)) {
+            rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory for the name table", shard_name);
+            goto out;
+        }
+        for (uint64_t i = 0; i < used && !rc; i++) {
+            int64_t prev = ntab_insert(&tab, h->tensors[i].name, (uint32_t)i, tensor_name_of, h->tensors);
+            if (prev >= 0)
+                rc = k3_err_set(e, K3_EFORMAT, "%s: byte %" PRIu64 ": tensor \"%.200s\": duplicate name (first at byte %"
+                                PRIu64 ")", shard_name, entry_pos[i], h->tensors[i].name, entry_pos[prev]);
+        }
+        ntab_free(&tab);
+        if (rc)
+            goto out;
+    }
+
+    /* the tensors must tile [0, data_size) exactly */
+    qsort(h->tensors, used, sizeof *h->tensors, cmp_offset);
+    uint64_t expect = 0;
+    for (uint64_t i = 0; i < used; i++) {
+        k3_st_tensor *t = &h->tensors[i];
+        if (t->offset < expect) {
+            rc = k3_err_set(e, K3_EFORMAT, "%s: byte %" PRIu64 ": tensor \"%.200s\": data [%" PRIu64 ", %" PRIu64
+                            ") overlaps tensor \"%.200s\" which ends at %" PRIu64, shard_name, h->data_start + t->offset,
+                            t->name, t->offset, t->offset + t->nbytes, h->tensors[i - 1].name, expect);
+            goto out;
+        }
+        if (t->offset > expect) {
+            rc = k3_err_set(e, K3_EFORMAT, "%s: byte %" PRIu64 ": tensor \"%.200s\": hole in the data: bytes [%" PRIu64
+                            ", %" PRIu64 ") belong to no tensor", shard_name, h->data_start + expect, t->name, expect,
+                            t->offset);
+            goto out;
+        }
+        expect = t->offset + t->nbytes;
+        t->offset += h->data_start;
+    }
+    if (expect != data_size) {
+        rc = k3_err_set(e, K3_EFORMAT, "%s: byte %" PRIu64 ": %" PRIu64 " bytes after the last tensor belong to no tensor"
+                        " (data area is %" PRIu64 " bytes, tensors cover %" PRIu64 ")", shard_name,
+                        h->data_start + expect, data_size - expect, data_size, expect);
+        goto out;
+    }
+out:
+    free(entry_pos);
+    if (rc)
+        k3_st_header_free(h);
+    return rc;
+}
+
+int k3_st_header_read(k3_st_header *h, int fd, const char *path, k3_err *e)
+{
+    memset(h, 0, sizeof *h);
+    uint64_t size;
+    int rc = k3_io_file_size(fd, &size, path, e);
+    if (rc)
+        return rc;
+    if (size < 8)
+        return k3_err_set(e, K3_EFORMAT, "%s: byte 0: file is %" PRIu64 " bytes, too short for the 8-byte header length",
+                          path, size);
+    int flags = fcntl(fd, F_GETFL);
+    int direct = flags >= 0 && (flags & O_DIRECT);
+    uint8_t *bounce = NULL;
+    uint64_t bounce_cap = 0;
+    uint8_t len8[8];
+    if (direct) {
+        bounce_cap = 2 * K3_IO_DIRECT_ALIGN;
+        bounce = k3_io_alloc_aligned(bounce_cap, K3_IO_DIRECT_ALIGN);
+        if (!bounce)
+            return k3_err_set(e, K3_ENOMEM, "%s: out of memory", path);
+        rc = k3_io_pread_direct(fd, len8, 8, 0, bounce, bounce_cap, path, e);
+    } else {
+        rc = k3_io_pread(fd, len8, 8, 0, path, e);
+    }
+    if (rc) {
+        k3_io_free_aligned(bounce);
+        return rc;
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | len8[i];
+    if (n > K3_ST_MAX_HEADER) {
+        k3_io_free_aligned(bounce);
+        return k3_err_set(e, K3_ELIMIT, "%s: byte 0: header length %" PRIu64 " exceeds the %u-byte limit", path, n,
+                          K3_ST_MAX_HEADER);
+    }
+    if (n > size - 8) {
+        k3_io_free_aligned(bounce);
+        return k3_err_set(e, K3_EFORMAT, "%s: byte 0: header length %" PRIu64 " runs past end of file (%" PRIu64 " bytes)",
+                          path, n, size);
+    }
+    uint8_t *text = malloc(n ? (size_t)n : 1);
+    if (!text) {
+        k3_io_free_aligned(bounce);
+        return k3_err_set(e, K3_ENOMEM, "%s: out of memory for a %" PRIu64 "-byte header", path, n);
+    }
+    if (direct) {
+        /* the header is read in bounded aligned pieces */
+        uint64_t done = 0;
+        k3_io_free_aligned(bounce);
+        bounce_cap = DIRECT_CHUNK + 2 * K3_IO_DIRECT_ALIGN;
+        bounce = k3_io_alloc_aligned(bounce_cap, K3_IO_DIRECT_ALIGN);
+        if (!bounce)
+            rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", path);
+        while (!rc && done < n) {
+            uint64_t k = n - done < DIRECT_CHUNK ? n - done : DIRECT_CHUNK;
+            rc = k3_io_pread_direct(fd, text + done, k, 8 + done, bounce, bounce_cap, path, e);
+            done += k;
+        }
+    } else {
+        rc = k3_io_pread(fd, text, n, 8, path, e);
+    }
+    k3_io_free_aligned(bounce);
+    if (!rc)
+        rc = k3_st_header_parse(h, path, text, n, size, e);
+    free(text);
+    return rc;
+}
+
+/* ---- the checkpoint ------------------------------------------------------- */
+
+typedef struct shard {
+    char *path;
+    const char *name;   /* points into path */
+    int fd;
+    int direct;
+    uint64_t size;
+    uint64_t data_start;
+    char *names;        /* the names block of its header */
+} shard;
+
+struct k3_st {
+    shard *shards;
+    uint32_t nshards;
+    k3_st_tensor *tensors;
+    uint64_t count;
+    ntab table;
+};
+
+void k3_st_close(k3_st *st)
+{
+    if (!st)
+        return;
+    for (uint32_t i = 0; i < st->nshards; i++) {
+        if (st->shards[i].fd >= 0)
+            close(st->shards[i].fd);
+        free(st->shards[i].path);
+        free(st->shards[i].names);
+    }
+    free(st->shards);
+    free(st->tensors);
+    ntab_free(&st->table);
+    free(st);
+}
+
+/* The index: tensor -> shard, decoded in place in its own text. */
+typedef struct index_entry {
+    const char *tensor;
+    uint32_t shard;   /* into index_map.shard_names, later remapped to sorted order */
+    uint64_t pos;     /* byte offset in the index file */
+} index_entry;
+
+typedef struct index_map {
+    char *text;
+    index_entry *entries;
+    uint64_t count;
+    const char **shard_names;
+    uint32_t nshards;
+    ntab tab;
+} index_map;
+
+static const char *entry_name_of(const void *ctx, uint32_t i)
+{
+    return ((const index_entry *)ctx)[i].tensor;
+}
+
+static const char *str_of(const void *ctx, uint32_t i)
+{
+    return ((const char *const *)ctx)[i];
+}
+
+static void index_free(index_map *m)
+{
+    free(m->text);
+    free(m->entries);
+    free(m->shard_names);
+    ntab_free(&m->tab);
+    memset(m, 0, sizeof *m);
+}
+
+static int shard_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    static const char suffix[] = ".safetensors";
+    return n > sizeof suffix - 1 && n <= MAX_SHARD_NAME && !strchr(s, '/') && !strchr(s, '\\') && s[0] != '.' &&
+           !strcmp(s + n - (sizeof suffix - 1), suffix);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int parse_weight_map(k3_jc *j, index_map *m, ntab *shard_tab)
+{
+    int rc;
+    uint64_t cap = 1024;
+    k3_jc_ws(j);
+    if (j->p >= j->end || *j->p != '{')
+        return k3_jc_fail(j, NULL, K3_EFORMAT, "weight_map must be an object, found %s", k3_jc_kind(j));
+    j->p++;
+    m->entries = malloc(cap * sizeof *m->entries);
+    m->shard_names = malloc(K3_ST_MAX_SHARDS * sizeof *m->shard_names);
+    if (!m->entries || !m->shard_names || ntab_init(shard_tab, K3_ST_MAX_SHARDS))
+        return k3_err_set(j->e, K3_ENOMEM, "%s: out of memory", j->file);
+    k3_jc_ws(j);
+    if (j->p < j->end && *j->p == '}') {
+        j->p++;
+        return 0;
+    }
+    for (;;) {
+        k3_jc_ws(j);
+        const uint8_t *kpos = j->p;
+        char *name = (char *)j->p;
+        size_t nlen;
+        /* in place: the decoded string lands where its quote was */
+        if ((rc = k3_jc_string(j, name, (size_t)(j->end - j->p), &nlen, "tensor name")))
+            return rc;
+        if (nlen == 0)
+            return k3_jc_fail(j, kpos, K3_EFORMAT, "empty tensor name");
+        if (nlen > K3_ST_MAX_NAME)
+            return k3_jc_fail(j, kpos, K3_EFORMAT, "tensor name is longer than %u bytes", K3_ST_MAX_NAME);
+        if ((rc = k3_jc_expect(j, ':', "after a tensor name")))
+            return rc;
+        j->tensor = name;
+        k3_jc_ws(j);
+        const uint8_t *vpos = j->p;
+        char *sname = (char *)j->p;
+        size_t slen;
+        if ((rc = k3_jc_string(j, sname, (size_t)(j->end - j->p), &slen, "shard name")))
+            return rc;
+        if (!shard_name_ok(sname))
+            return k3_jc_fail(j, vpos, K3_EFORMAT,
+                              "shard name \"%.300s\" is not a plain file name ending in .safetensors", sname);
+        if (m->count == cap) {
+            if (cap >= MAX_TENSORS)
+                return k3_jc_fail(j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)MAX_TENSORS);
+            cap *= 2;
+            index_entry *ne = realloc(m->entries, cap * sizeof *ne);
+            if (!ne)
+                return k3_err_set(j->e, K3_ENOMEM, "%s: out of memory", j->file);
+            m->entries = ne;
+        }
+        int64_t s = ntab_find(shard_tab, sname, str_of, m->shard_names);
+        if (s < 0) {
+            if (m->nshards == K3_ST_MAX_SHARDS)
+                return k3_jc_fail(j, vpos, K3_ELIMIT, "more than %u shards", K3_ST_MAX_SHARDS);
+            s = m->nshards;
+            m->shard_names[m->nshards++] = sname;
+            ntab_insert(shard_tab, sname, (uint32_t)s, str_of, m->shard_names);
+        }
+        m->entries[m->count].tensor = name;
+        m->entries[m->count].shard = (uint32_t)s;
+        m->entries[m->count].pos = (uint64_t)(kpos - j->start);
+        m->count++;
+        j->tensor = NULL;
+        k3_jc_ws(j);
+        if (j->p < j->end && *j->p == '}') {
+            j->p++;
+            return 0;
+        }
+        if ((rc = k3_jc_expect(j, ',', "or '}' in weight_map")))
+            return rc;
+    }
+}
+
+static int index_load(index_map *m, const char *path, k3_err *e)
+{
+    uint64_t len;
+    int rc = k3_io_read_file(path, MAX_INDEX_BYTES, &m->text, &len, e);
+    if (rc)
+        return rc;
+    ntab shard_tab = {0};
+    k3_jc j = {.start = (uint8_t *)m->text, .p = (uint8_t *)m->text, .end = (uint8_t *)m->text + len, .file = path, .e = e};
+    int have_map = 0;
+    k3_jc_ws(&j);
+    if (j.p >= j.end || *j.p != '{') {
+        rc = k3_jc_fail(&j, NULL, K3_EFORMAT, "index is not a JSON object (found %s)", k3_jc_kind(&j));
+        goto out;
+    }
+    j.p++;
+    k3_jc_ws(&j);
+    if (j.p < j.end && *j.p == '}') {
+        j.p++;
+    } else {
+        for (;;) {
+            char key[64];
+            k3_jc_ws(&j);
+            const uint8_t *kpos = j.p;
+            rc = k3_jc_string(&j, key, sizeof key, NULL, "index key");
+            if (rc == K3_ELIMIT) {
+                k3_err_clear(e);
+                key[0] = '\0';
+                j.p = kpos;
+                rc = k3_jc_string(&j, NULL, 0, NULL, "index key");
+            }
+            if (rc || (rc = k3_jc_expect(&j, ':', "after a key")))
+                goto out;
+            if (!strcmp(key, "weight_map")) {
+                if (have_map++) {
+                    rc = k3_jc_fail(&j, kpos, K3_EFORMAT, "weight_map given twice");
+                    goto out;
+                }
+                if ((rc = parse_weight_map(&j, m, &shard_tab)))
+                    goto out;
+            } else if ((rc = k3_jc_skip(&j))) {
+                goto out;
+            }
+            k3_jc_ws(&j);
+            if (j.p < j.end && *j.p == '}') {
+                j.p++;
+                break;
+            }
+            if ((rc = k3_jc_expect(&j, ',', "or '}' in the index")))
+                goto out;
+        }
+    }
+    k3_jc_ws(&j);
+    if (j.p != j.end) {
+        rc = k3_jc_fail(&j, NULL, K3_EFORMAT, "bytes after the index JSON");
+        goto out;
+    }
+    if (!have_map) {
+        rc = k3_err_set(e, K3_EFORMAT, "%s: no weight_map object", path);
+        goto out;
+    }
+    if (m->nshards == 0) {
+        rc = k3_err_set(e, K3_EFORMAT, "%s: weight_map is empty", path);
+        goto out;
+    }
+    /* shards in name order; entries follow */
+    {
+        const char **sorted = malloc(m->nshards * sizeof *sorted);
+        uint32_t *remap = malloc(m->nshards * sizeof *remap);
+        if (!sorted || !remap) {
+            free(sorted);
+            free(remap);
+            rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", path);
+            goto out;
+        }
+        memcpy(sorted, m->shard_names, m->nshards * sizeof *sorted);
+        qsort(sorted, m->nshards, sizeof *sorted, cmp_str);
+        for (uint32_t i = 0; i < m->nshards; i++)
+            remap[ntab_find(&shard_tab, sorted[i], str_of, m->shard_names)] = i;
+        for (uint64_t i = 0; i < m->count; i++)
+            m->entries[i].shard = remap[m->entries[i].shard];
+        memcpy(m->shard_names, sorted, m->nshards * sizeof *sorted);
+        free(sorted);
+        free(remap);
+    }
+    /* duplicate tensor names in the index */
+    if ((rc = ntab_init(&m->tab, m->count))) {
+        rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    for (uint64_t i = 0; i < m->count; i++) {
+        int64_t prev = ntab_insert(&m->tab, m->entries[i].tensor, (uint32_t)i, entry_name_of, m->entries);
+        if (prev >= 0) {
+            rc = k3_err_set(e, K3_EFORMAT, "%s: byte %" PRIu64 ": tensor \"%.200s\": listed twice in weight_map", path,
+                            m->entries[i].pos, m->entries[i].tensor);
+            goto out;
+        }
+    }
+out:
+    ntab_free(&shard_tab);
+    return rc;
+}
+
+static int has_suffix(const char *s, const char *suf)
+{
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && !strcmp(s + n - k, suf);
+}
+
+/* The sorted *.safetensors file names in dir (heap array of heap strings). */
+static int list_shards(const char *dir, char ***names, uint32_t *count, k3_err *e)
+{
+    *names = NULL;
+    *count = 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return k3_err_sys(e, errno == ENOENT ? K3_ENOENT : K3_EIO, errno, "%s: cannot open directory", dir);
+    uint32_t cap = 16, n = 0;
+    char **v = malloc(cap * sizeof *v);
+    int rc = v ? 0 : k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
+    struct dirent *de;
+    while (!rc && (de = readdir(d))) {
+        if (de->d_name[0] == '.' || !has_suffix(de->d_name, ".safetensors"))
+            continue;
+        if (n == K3_ST_MAX_SHARDS) {
+            rc = k3_err_set(e, K3_ELIMIT, "%s: more than %u *.safetensors files", dir, K3_ST_MAX_SHARDS);
+            break;
+        }
+        if (n == cap) {
+            char **nv = realloc(v, 2 * cap * sizeof *v);
+            if (!nv) {
+                rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
+                break;
+            }
+            v = nv;
+            cap *= 2;
+        }
+        if (!(v[n] = strdup(de->d_name))) {
+            rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    if (rc) {
+        for (uint32_t i = 0; i < n; i++)
+            free(v[i]);
+        free(v);
+        return rc;
+    }
+    qsort(v, n, sizeof *v, cmp_str);
+    *names = v;
+    *count = n;
+    return 0;
+}
+
+static void free_names(char **v, uint32_t n)
+{
+    if (!v)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+/* Open shard i of st at path and append its tensors. */
+static int add_shard(k3_st *st, uint64_t *cap, const char *path, unsigned flags, k3_err *e)
+{
+    shard *s = &st->shards[st->nshards];
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+    if (!(s->path = strdup(path)))
+        return k3_err_set(e, K3_ENOMEM, "%s: out of memory", path);
+    const char *slash = strrchr(s->path, '/');
+    s->name = slash ? slash + 1 : s->path;
+    st->nshards++;
+    int fd = k3_io_open_read(path, (flags & K3_ST_DIRECT) != 0, &s->direct, e);
+    if (fd < 0)
+        return fd;
+    s->fd = fd;
+    int rc = k3_io_file_size(fd, &s->size, path, e);
+    if (rc)
+        return rc;
+    k3_st_header h;
+    if ((rc = k3_st_header_read(&h, fd, path, e)))
+        return rc;
+    s->data_start = h.data_start;
+    s->names = h.names;
+    h.names = NULL;
+    if (st->count + h.count > MAX_TENSORS) {
+        k3_st_header_free(&h);
+        return k3_err_set(e, K3_ELIMIT, "%s: the checkpoint has more than %llu tensors", path,
+                          (unsigned long long)MAX_TENSORS);
+    }
+    if (st->count + h.count > *cap) {
+        uint64_t nc = *cap ? *cap : 1024;
+        while (nc < st->count + h.count)
+            nc *= 2;
+        k3_st_tensor *nt = realloc(st->tensors, nc * sizeof *nt);
+        if (!nt) {
+            k3_st_header_free(&h);
+            return k3_err_set(e, K3_ENOMEM, "%s: out of memory for %" PRIu64 " tensors", path, nc);
+        }
+        st->tensors = nt;
+        *cap = nc;
+    }
+    for (uint64_t i = 0; i < h.count; i++) {
+        h.tensors[i].shard = st->nshards - 1;
+        st->tensors[st->count + i] = h.tensors[i];
+    }
+    st->count += h.count;
+    k3_st_header_free(&h);
+    return 0;
+}
+
+static int check_against_index(k3_st *st, const index_map *m, const char *index_path, k3_err *e)
+{
+    for (uint64_t i = 0; i < st->count; i++) {
+        const k3_st_tensor *t = &st->tensors[i];
+        int64_t k = ntab_find(&m->tab, t->name, entry_name_of, m->entries);
+        if (k < 0)
+            return k3_err_set(e, K3_EFORMAT, "%s: byte %" PRIu64 ": tensor \"%.200s\" is in the shard but not in %s",
+                              st->shards[t->shard].path, t->offset, t->name, INDEX_NAME);
+        if (m->entries[k].shard != t->shard)
+            return k3_err_set(e, K3_EFORMAT, "%s: byte %" PRIu64 ": tensor \"%.200s\": the index puts it in %s, it is in %s",
+                              index_path, m->entries[k].pos, t->name, m->shard_names[m->entries[k].shard],
+                              st->shards[t->shard].name);
+    }
+    if (m->count != st->count) {
+        for (uint64_t k = 0; k < m->count; k++)
+            if (!k3_st_find(st, m->entries[k].tensor))
+                return k3_err_set(e, K3_ENOENT, "%s: byte %" PRIu64 ": tensor \"%.200s\" is listed for %s but missing from it",
+                                  index_path, m->entries[k].pos, m->entries[k].tensor, m->shard_names[m->entries[k].shard]);
+    }
+    return 0;
+}
+
+int k3_st_open(k3_st **out, const char *dir, unsigned flags, k3_err *e)
+{
+    *out = NULL;
+    struct stat sb;
+    if (stat(dir, &sb) != 0)
+        return k3_err_sys(e, errno == ENOENT ? K3_ENOENT : K3_EIO, errno, "%s: cannot open", dir);
+    k3_st *st = calloc(1, sizeof *st);
+    if (!st)
+        return k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
+    uint64_t cap = 0;
+    int rc = 0;
+    index_map m = {0};
+    char **files = NULL;
+    uint32_t nfiles = 0;
+    char path[4096], index_path[4096] = "";
+
+    if (!S_ISDIR(sb.st_mode)) {
+        if (!(st->shards = malloc(sizeof *st->shards))) {
+            rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
+            goto out;
+        }
+        if ((rc = add_shard(st, &cap, dir, flags, e)))
+            goto out;
+    } else {
+        if ((rc = list_shards(dir, &files, &nfiles, e)))
+            goto out;
+        if ((rc = k3_io_path_join(index_path, sizeof index_path, dir, INDEX_NAME, e)))
+            goto out;
+        int have_index = access(index_path, F_OK) == 0;
+        if (have_index) {
+            if ((rc = index_load(&m, index_path, e)))
+                goto out;
+            /* every file in the folder must be one the index names */
+            for (uint32_t i = 0; i < nfiles; i++) {
+                const char *key = files[i];
+                if (!bsearch(&key, m.shard_names, m.nshards, sizeof *m.shard_names, cmp_str)) {
+                    rc = k3_err_set(e, K3_EFORMAT, "%s/%s: shard file is not referenced by %s", dir, files[i], INDEX_NAME);
+                    goto out;
+                }
+            }
+        } else if (nfiles == 0) {
+            rc = k3_err_set(e, K3_ENOENT, "%s: no *.safetensors files and no %s", dir, INDEX_NAME);
+            goto out;
+        }
+        uint32_t n = have_index ? m.nshards : nfiles;
+        if (!(st->shards = malloc(n * sizeof *st->shards))) {
+            rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
+            goto out;
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            const char *name = have_index ? m.shard_names[i] : files[i];
+            if ((rc = k3_io_path_join(path, sizeof path, dir, name, e)))
+                goto out;
+            if (have_index && access(path, F_OK) != 0) {
+                rc = k3_err_set(e, K3_ENOENT, "%s: shard named by %s is missing", path, INDEX_NAME);
+                goto out;
+            }
+            if ((rc = add_shard(st, &cap, path, flags, e)))
+                goto out;
+        }
+    }
+
+    /* one table for the whole checkpoint */
+    if (ntab_init(&st->table, st->count)) {
+        rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory for the tensor table", dir);
+        goto out;
+    }
+    for (uint64_t i = 0; i < st->count; i++) {
+        int64_t prev = ntab_insert(&st->table, st->tensors[i].name, (uint32_t)i, tensor_name_of, st->tensors);
+        if (prev >= 0) {
+            const k3_st_tensor *t = &st->tensors[i], *p = &st->tensors[prev];
+            rc = k3_err_set(e, K3_EFORMAT, "%s: byte %" PRIu64 ": tensor \"%.200s\" is also in %s (byte %" PRIu64 ")",
+                            st->shards[t->shard].path, t->offset, t->name, st->shards[p->shard].name, p->offset);
+            goto out;
+        }
+    }
+    if (m.text && (rc = check_against_index(st, &m, index_path, e)))
+        goto out;
+out:
+    index_free(&m);
+    free_names(files, nfiles);
+    if (rc) {
+        k3_st_close(st);
+        return rc;
+    }
+    /* give back the growth slack */
+    if (st->count && cap > st->count) {
+        k3_st_tensor *nt = realloc(st->tensors, st->count * sizeof *nt);
+        if (nt)
+            st->tensors = nt;
+    }
+    *out = st;
+    return 0;
+}
+
+uint64_t k3_st_tensor_count(const k3_st *st)
+{
+    return st->count;
+}
+
+const k3_st_tensor *k3_st_tensor_at(const k3_st *st, uint64_t i)
+{
+    return i < st->count ? &st->tensors[i] : NULL;
+}
+
+const k3_st_tensor *k3_st_find(const k3_st *st, const char *name)
+{
+    int64_t i = ntab_find(&st->table, name, tensor_name_of, st->tensors);
+    return i < 0 ? NULL : &st->tensors[i];
+}
+
+uint32_t k3_st_shard_count(const k3_st *st)
+{
+    return st->nshards;
+}
+
+const char *k3_st_shard_path(const k3_st *st, uint32_t i)
+{
+    return i < st->nshards ? st->shards[i].path : NULL;
+}
+
+const char *k3_st_shard_name(const k3_st *st, uint32_t i)
+{
+    return i < st->nshards ? st->shards[i].name : NULL;
+}
+
+uint64_t k3_st_shard_size(const k3_st *st, uint32_t i)
+{
+    return i < st->nshards ? st->shards[i].size : 0;
+}
+
+int k3_st_shard_fd(const k3_st *st, uint32_t i)
+{
+    return i < st->nshards ? st->shards[i].fd : -1;
+}
+
+int k3_st_shard_is_direct(const k3_st *st, uint32_t i)
+{
+    return i < st->nshards ? st->shards[i].direct : 0;
+}
+
+uint64_t k3_st_shard_data_start(const k3_st *st, uint32_t i)
+{
+    return i < st->nshards ? st->shards[i].data_start : 0;
+}
+
+int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n, void *dst, k3_err *e)
+{
+    if (!t || t->shard >= st->nshards)
+        return k3_err_set(e, K3_EARG, "k3_st_read: tensor does not belong to this checkpoint");
+    const shard *s = &st->shards[t->shard];
+    if (off > t->nbytes || n > t->nbytes - off)
+        return k3_err_set(e, K3_EARG, "%s: tensor \"%.200s\": range [%" PRIu64 ", +%" PRIu64 ") is outside its %" PRIu64
+                          " bytes", s->path, t->name, off, n, t->nbytes);
+    if (n == 0)
+        return 0;
+    uint64_t at = t->offset + off;
+    if (!s->direct)
+        return k3_io_pread(s->fd, dst, n, at, s->path, e);
+    const uint64_t A = K3_IO_DIRECT_ALIGN;
+    if ((uintptr_t)dst % A == 0 && at % A == 0 && n % A == 0)
+        return k3_io_pread_direct(s->fd, dst, n, at, NULL, 0, s->path, e);
+    /* unaligned: bounded aligned pieces through a bounce buffer */
+    uint64_t cap = DIRECT_CHUNK + 2 * A;
+    void *bounce = k3_io_alloc_aligned(cap, A);
+    if (!bounce)
+        return k3_err_set(e, K3_ENOMEM, "%s: out of memory for a read buffer", s->path);
+    int rc = 0;
+    for (uint64_t done = 0; !rc && done < n;) {
+        uint64_t k = n - done < DIRECT_CHUNK ? n - done : DIRECT_CHUNK;
+        rc = k3_io_pread_direct(s->fd, (char *)dst + done, k, at + done, bounce, cap, s->path, e);
+        done += k;
+    }
+    k3_io_free_aligned(bounce);
+    return rc;
+}
+
+int k3_st_read(const k3_st *st, const k3_st_tensor *t, void *dst, k3_err *e)
+{
+    return k3_st_read_range(st, t, 0, t ? t->nbytes : 0, dst, e);
+}
