@@ -16,6 +16,7 @@
 FUZZ_NEEDS_st_header = common/st.c
 FUZZ_NEEDS_st_index  = common/st.c
 FUZZ_NEEDS_cfg       = common/cfg.c
+FUZZ_NEEDS_manifest  = manifests/man.c manifests/pk.c common/cfg.c
 
 FUZZ_ALL := $(patsubst fuzz/fz_%.c,%,$(sort $(wildcard fuzz/fz_*.c)))
 fuzz_ready = $(if $(filter-out $(wildcard $(FUZZ_NEEDS_$(1))),$(FUZZ_NEEDS_$(1))),,$(1))
