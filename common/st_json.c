@@ -151,6 +151,19 @@ int k3_jc_string(k3_jc *j, char *out, size_t cap, size_t *len, const char *what)
     uint8_t *o = (uint8_t *)out;
     size_t n = 0;
     for (;;) {
+        /* the common case: a run of plain printable ASCII, copied at once */
+        const uint8_t *run = p;
+        while (p < j->end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\')
+            p++;
+        if (p > run) {
+            size_t k = (size_t)(p - run);
+            if (out) {
+                if (n + k >= cap)
+                    return k3_jc_fail(j, open, K3_ELIMIT, "%s is longer than %zu bytes", what, cap - 1);
+                memmove(o + n, run, k);
+            }
+            n += k;
+        }
         if (p >= j->end)
             return k3_jc_fail(j, open, K3_EFORMAT, "invalid JSON: unterminated string (%s)", what);
         uint8_t c = *p;
