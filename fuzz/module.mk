@@ -17,6 +17,11 @@ FUZZ_NEEDS_st_header = common/st.c
 FUZZ_NEEDS_st_index  = common/st.c
 FUZZ_NEEDS_cfg       = common/cfg.c
 FUZZ_NEEDS_manifest  = manifests/man.c manifests/pk.c common/cfg.c
+FUZZ_NEEDS_tok       = runtime/tok.c
+FUZZ_NEEDS_tok_text  = runtime/tok.c
+# helper sources some targets share (fuzz/<name>.c)
+FUZZ_EXTRA_tok       = tok_check
+FUZZ_EXTRA_tok_text  = tok_check
 
 FUZZ_ALL := $(patsubst fuzz/fz_%.c,%,$(sort $(wildcard fuzz/fz_*.c)))
 fuzz_ready = $(if $(filter-out $(wildcard $(FUZZ_NEEDS_$(1))),$(FUZZ_NEEDS_$(1))),,$(1))
@@ -24,8 +29,10 @@ FUZZ_READY := $(foreach t,$(FUZZ_ALL),$(call fuzz_ready,$(t)))
 FUZZ_TARGETS ?= $(FUZZ_READY)
 FUZZ_SECONDS ?= 60
 
+FUZZ_HELPER_OBJ := $(patsubst %,$(O)/fuzz/%.o,util $(sort $(foreach t,$(FUZZ_READY),$(FUZZ_EXTRA_$(t)))))
+
 # The regression replay lives in the test binary.
-TEST_OBJ += $(O)/fuzz/util.o $(FUZZ_READY:%=$(O)/fuzz/fz_%.o)
+TEST_OBJ += $(FUZZ_HELPER_OBJ) $(FUZZ_READY:%=$(O)/fuzz/fz_%.o)
 
 FUZZ_O   = fuzz-out/build
 FUZZ_BIN = fuzz-out/bin
@@ -40,9 +47,9 @@ fuzz-build:
 
 fuzz-bins: $(FUZZ_READY:%=$(BIN)/fz_%)
 
-$(BIN)/fz_%: $(O)/fuzz/fz_%.o $(O)/fuzz/util.o $(O)/fuzz/entry.o $(TOOL_LIB_OBJ) $(LIB)
+$(BIN)/fz_%: $(O)/fuzz/fz_%.o $(FUZZ_HELPER_OBJ) $(O)/fuzz/entry.o $(TOOL_LIB_OBJ) $(LIB)
 	@mkdir -p $(BIN)
-	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $(O)/fuzz/fz_$*.o $(O)/fuzz/util.o \
+	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $(O)/fuzz/fz_$*.o $(FUZZ_HELPER_OBJ) \
 	    $(O)/fuzz/entry.o $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS)
 
 fuzz: fuzz-build

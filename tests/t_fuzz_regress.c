@@ -34,7 +34,7 @@
 
 #define MAX_TARGETS 16
 #define MAX_CORPUS_FILES 4096
-#define MAX_INPUT (1u << 20)
+#define REPLAY_MAX_INPUT (1u << 20)
 
 static struct {
     const char *name;
@@ -111,7 +111,7 @@ static void replay(int idx)
         char *buf = NULL;
         uint64_t len = 0;
         k3_err e = {0};
-        CHECK_EQ_INT(k3_io_read_file(path, MAX_INPUT, &buf, &len, &e), 0);
+        CHECK_EQ_INT(k3_io_read_file(path, REPLAY_MAX_INPUT, &buf, &len, &e), 0);
         /* an exact-size copy, so ASan sees any read past the end */
         uint8_t *exact = malloc(len ? len : 1);
         CHECK(exact != NULL);
