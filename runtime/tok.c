@@ -24,6 +24,12 @@ struct special {
     const uint8_t *s; /* into tok->special_bytes */
 };
 
+struct short_ent {
+    uint64_t key;   /* the bytes, zero padded */
+    uint32_t rank1; /* rank + 1; 0 = empty */
+    uint32_t len;
+};
+
 struct k3_tok {
     uint32_t n_ranks;
     uint32_t vocab;          /* max(n_ranks, largest special id + 1) */
@@ -31,7 +37,11 @@ struct k3_tok {
     uint32_t *off;           /* n_ranks + 1 offsets into bytes */
     uint64_t *table;         /* (hash >> 32) << 32 | (rank + 1); 0 = empty */
     uint64_t table_mask;
+    struct short_ent *stable; /* tokens of <= 8 bytes again, keyed by value: one
+                               * cache line per lookup in the merge loop */
+    uint64_t stable_mask;
     uint32_t byte_rank[256];
+    uint32_t *pair_rank;     /* 65536: rank of every two-byte string (merges start there) */
     uint32_t max_token_len;  /* over ranks and specials */
 
     uint32_t n_special;
@@ -74,8 +84,24 @@ static inline uint64_t hash_bytes(const uint8_t *s, uint64_t len)
     return mix(h);
 }
 
+static inline uint64_t hash_short(uint64_t key, uint64_t len)
+{
+    return mix((key ^ len << 61) * 0xbf58476d1ce4e5b9ull);
+}
+
 uint32_t k3_tok_rank_of(const k3_tok *tok, const uint8_t *s, uint64_t len)
 {
+    if (len <= 8) {
+        uint64_t key = 0;
+        memcpy(&key, s, len);
+        for (uint64_t i = hash_short(key, len) & tok->stable_mask;; i = (i + 1) & tok->stable_mask) {
+            const struct short_ent *se = &tok->stable[i];
+            if (!se->rank1)
+                return UINT32_MAX;
+            if (se->key == key && se->len == len)
+                return se->rank1 - 1;
+        }
+    }
     uint64_t h = hash_bytes(s, len);
     uint64_t tag = h >> 32;
     for (uint64_t i = h & tok->table_mask;; i = (i + 1) & tok->table_mask) {
@@ -197,12 +223,17 @@ static int load_model(k3_tok *tok, const char *path, k3_err *e)
     tok->off = malloc((lines + 1) * sizeof *tok->off);
     tok->table = calloc(table_size, sizeof *tok->table);
     tok->table_mask = table_size - 1;
-    if (!tok->bytes || !tok->off || !tok->table) {
+    tok->stable = calloc(table_size, sizeof *tok->stable);
+    tok->stable_mask = table_size - 1;
+    tok->pair_rank = malloc(65536 * sizeof *tok->pair_rank);
+    if (!tok->bytes || !tok->off || !tok->table || !tok->stable || !tok->pair_rank) {
         free(buf);
         return k3_err_set(e, K3_ENOMEM, "%s: out of memory for %" PRIu64 " tokens", path, lines);
     }
     for (int b = 0; b < 256; b++)
         tok->byte_rank[b] = UINT32_MAX;
+    for (int b = 0; b < 65536; b++)
+        tok->pair_rank[b] = UINT32_MAX;
     uint64_t pos = 0, used = 0, line = 0;
     tok->off[0] = 0;
     rc = 0;
@@ -271,6 +302,16 @@ static int load_model(k3_tok *tok, const char *path, k3_err *e)
         }
         if (tl == 1)
             tok->byte_rank[tok->bytes[tok->off[r]]] = r;
+        if (tl == 2)
+            tok->pair_rank[tok->bytes[tok->off[r]] << 8 | tok->bytes[tok->off[r] + 1]] = r;
+        if (tl <= 8) {
+            uint64_t key = 0;
+            memcpy(&key, tok->bytes + tok->off[r], (size_t)tl);
+            uint64_t i = hash_short(key, (uint64_t)tl) & tok->stable_mask;
+            while (tok->stable[i].rank1)
+                i = (i + 1) & tok->stable_mask;
+            tok->stable[i] = (struct short_ent){key, r + 1, (uint32_t)tl};
+        }
         if ((uint32_t)tl > tok->max_token_len)
             tok->max_token_len = (uint32_t)tl;
         tok->n_ranks = r + 1;
@@ -451,8 +492,10 @@ static int load_config(k3_tok *tok, const char *path, k3_err *e)
         tok->special_of_id[tok->specials[i].id - tok->n_ranks] = (int32_t)i;
         if (i && tok->specials[i].len == tok->specials[i - 1].len &&
             memcmp(tok->specials[i].s, tok->specials[i - 1].s, tok->specials[i].len) == 0) {
-            rc = k3_err_set(e, K3_EFORMAT, "%s: added tokens %u and %u have the same content \"%.40s\"", path,
-                            tok->specials[i - 1].id, tok->specials[i].id, (const char *)tok->specials[i].s);
+            rc = k3_err_set(e, K3_EFORMAT, "%s: added tokens %u and %u have the same content \"%.*s\"", path,
+                            tok->specials[i - 1].id, tok->specials[i].id,
+                            (int)(tok->specials[i].len < 40 ? tok->specials[i].len : 40),
+                            (const char *)tok->specials[i].s);
             goto out;
         }
     }
@@ -539,6 +582,8 @@ void k3_tok_close(k3_tok *tok)
     free(tok->bytes);
     free(tok->off);
     free(tok->table);
+    free(tok->stable);
+    free(tok->pair_rank);
     free(tok->specials);
     free(tok->special_bytes);
     free(tok->special_of_id);
@@ -598,7 +643,7 @@ uint64_t k3_tok_bpe_quadratic(const k3_tok *tok, const uint8_t *p, uint64_t len,
     for (uint64_t i = 0; i <= len; i++)
         start[i] = (uint32_t)i;
     for (uint64_t i = 0; i + 1 < parts; i++)
-        rank[i] = k3_tok_rank_of(tok, p + i, 2);
+        rank[i] = tok->pair_rank[p[i] << 8 | p[i + 1]];
     while (parts > 1) {
         uint32_t best = UINT32_MAX;
         uint64_t bi = 0;
@@ -684,7 +729,7 @@ uint64_t k3_tok_bpe_heap(const k3_tok *tok, const uint8_t *p, uint64_t len, uint
         prev[i] = (uint32_t)(i ? i - 1 : UINT32_MAX);
     }
     for (uint64_t i = 0; i + 1 < len; i++) {
-        uint32_t r = k3_tok_rank_of(tok, p + i, 2);
+        uint32_t r = tok->pair_rank[p[i] << 8 | p[i + 1]];
         if (r != UINT32_MAX)
             hpush(heap, &hn, (struct hent){r, (uint32_t)i, (uint32_t)(i + 2)});
     }

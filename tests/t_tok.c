@@ -140,7 +140,7 @@ static void expect_model_error(const char *model, size_t n, int code, const char
 /* The 256 single bytes as model lines, then extra (rank numbers as given). */
 static char *bytes_model(const char *extra, size_t *n)
 {
-    size_t cap = 1 << 20, len = 0;
+    size_t cap = 8192 + strlen(extra), len = 0;
     char *m = malloc(cap), enc[16];
     for (int b = 0; b < 256; b++) {
         uint8_t c = (uint8_t)b;
