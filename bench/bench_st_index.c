@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -311,9 +312,14 @@ int main(int argc, char **argv)
            "CPU median %.3f s (min %.3f, max %.3f) over %ld runs\n",
            t[runs / 2], t[0], t[runs - 1], cpu[runs / 2], cpu[0], cpu[runs - 1], runs);
 
-    /* lookups */
+    /* lookups, and what an open checkpoint holds in memory */
     k3_st *st;
+    struct mallinfo2 m0 = mallinfo2();
     k3_st_open(&st, dir, 0, &e);
+    struct mallinfo2 m1 = mallinfo2();
+    printf("heap held by the open k3_st: %.1f MB (%.0f bytes per tensor)\n",
+           (double)(m1.uordblks + m1.hblkhd - m0.uordblks - m0.hblkhd) / 1e6,
+           (double)(m1.uordblks + m1.hblkhd - m0.uordblks - m0.hblkhd) / NTENSORS);
     double a = now_s();
     uint64_t found = 0;
     for (uint32_t i = 0; i < nspecs; i++)

@@ -452,6 +452,22 @@ trailer:
     }
     h->count = used;
 
+    /* the names block was sized for the worst case (the whole header): keep
+     * only what the names use */
+    {
+        size_t used_bytes = (size_t)(names_end - h->names);
+        char *exact = malloc(used_bytes ? used_bytes : 1);
+        if (!exact) {
+            rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory for tensor names", shard_name);
+            goto out;
+        }
+        memcpy(exact, h->names, used_bytes);
+        for (uint64_t i = 0; i < used; i++)
+            h->tensors[i].name = exact + (h->tensors[i].name - h->names);
+        free(h->names);
+        h->names = exact;
+    }
+
     /* duplicate names: the table indexes h->tensors before sorting */
     if (used) {
         ntab tab;

@@ -338,6 +338,27 @@ K3_TEST(st_reads_byte_ranges_with_o_direct)
     check_ranges(K3_ST_DIRECT);
 }
 
+/* A range longer than the reader's O_DIRECT bounce chunk (4 MiB), unaligned
+ * at both ends and in memory, so it is read in several pieces. */
+K3_TEST(st_reads_a_long_unaligned_range_with_o_direct)
+{
+    const char *path = pathf("%s/long.safetensors", k3t_tmpdir());
+    const tspec ts[] = {{"head", "U8", 1, {5}}, {"long", "BF16", 2, {1300, 2000}}};
+    write_shard(path, ts, 2);
+    k3_st *st;
+    k3_err e = {0};
+    CHECK_EQ_INT(k3_st_open(&st, path, K3_ST_DIRECT, &e), 0);
+    const k3_st_tensor *t = k3_st_find(st, "long");
+    uint64_t off = 4095, n = t->nbytes - off - 3;
+    uint8_t *buf = malloc(n + 1);
+    CHECK_EQ_INT(k3_st_read_range(st, t, off, n, buf + 1, &e), 0);
+    for (uint64_t k = 0; k < n; k++)
+        if (buf[1 + k] != pattern("long", off + k))
+            k3t_fail(__FILE__, __LINE__, "byte %llu", (unsigned long long)k);
+    free(buf);
+    k3_st_close(st);
+}
+
 K3_TEST(st_read_errors_from_the_disk_are_reported)
 {
     const char *path = pathf("%s/victim.safetensors", k3t_tmpdir());
@@ -458,6 +479,10 @@ BAD_HEADER(json_missing_comma_between_tensors, "{\"w\":{" OK_ENTRY "} \"v\":{}}"
            "expected ',' or '}' after a tensor entry")
 BAD_HEADER(invalid_utf8_in_a_name, "{\"w\xff\":{" OK_ENTRY "}}", 4, K3_EFORMAT, "not valid UTF-8: byte 0xff")
 BAD_HEADER(overlong_utf8_in_a_name, "{\"w\xc0\xaf\":{" OK_ENTRY "}}", 4, K3_EFORMAT, "not valid UTF-8: byte 0xc0")
+BAD_HEADER(overlong_three_byte_utf8_in_a_name, "{\"w\xe0\x80\xaf\":{" OK_ENTRY "}}", 4, K3_EFORMAT,
+           "not valid UTF-8: byte 0xe0")
+BAD_HEADER(utf8_above_u10ffff_in_a_name, "{\"w\xf4\x90\x80\x80\":{" OK_ENTRY "}}", 4, K3_EFORMAT,
+           "not valid UTF-8: byte 0xf4")
 BAD_HEADER(utf8_encoded_surrogate_in_a_name, "{\"w\xed\xa0\x80\":{" OK_ENTRY "}}", 4, K3_EFORMAT, "not valid UTF-8")
 BAD_HEADER(unpaired_surrogate_escape, "{\"w\\ud800x\":{" OK_ENTRY "}}", 4, K3_EFORMAT, "unpaired surrogate")
 BAD_HEADER(nul_escape_in_a_name, "{\"w\\u0000x\":{" OK_ENTRY "}}", 4, K3_EFORMAT, "tensor name contains a NUL")
@@ -503,6 +528,8 @@ BAD_HEADER(begin_after_end, E1("\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":
            "data_offsets begin 4 > end 2")
 BAD_HEADER(size_not_shape_times_dtype, E1("\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,4]"), 4, K3_EFORMAT,
            "size 4 bytes from data_offsets != 8 from shape x BF16")
+BAD_HEADER(size_larger_than_shape_times_dtype, E1("\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,4]"), 4, K3_EFORMAT,
+           "size 4 bytes from data_offsets != 2 from shape x U8")
 BAD_HEADER(shape_product_overflow, E1("\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,0]"), 0,
            K3_EFORMAT, "shape product overflows 64 bits")
 BAD_HEADER(shape_product_overflow_by_dtype_size, E1("\"dtype\":\"F32\",\"shape\":[4611686018427387,4096],"
