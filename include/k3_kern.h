@@ -11,9 +11,22 @@
  *   activations:   X is T x cols f32 (X[t*cols + c]); Y is T x rows f32.
  *
  * The scalar definitions in kernels/ref.c are the contract, including the
- * accumulation order (documented there); every SIMD path reproduces them bit
- * for bit unless ref.c documents a bounded difference. Results never depend on
- * the thread count: threads split independent output rows.
+ * accumulation order (documented there and summarised here); every SIMD path
+ * reproduces them bit for bit. Results never depend on the thread count:
+ * threads split independent output rows.
+ *
+ * Accumulation order (the contract, identical for bf16 and MXFP4): each output
+ * Y[t][r] keeps 32 f32 lanes L[0..31], all +0 at the start. For c = 0, 1, ...,
+ * cols-1 in order, L[c mod 32] = fmaf(w(r,c), X[t][c], L[c mod 32]) (one
+ * correctly rounded fused multiply-add). Then the lanes are folded by a fixed
+ * tree: for h = 16, 8, 4, 2, 1: L[l] = L[l] + L[l+h] for l < h; Y = L[0].
+ *   bf16:  w(r,c) is the bf16 value widened exactly to f32.
+ *   MXFP4: w(r,c) = e2m1(nibble) * 2^(s-127), one f32 multiply (exact except
+ *          where the true value leaves the f32 range, e.g. 4 * 2^127 -> inf);
+ *          s = 0 gives the subnormal 2^-127. A group whose scale byte is 255 is
+ *          skipped entirely: no fmaf at all for its 32 columns, so it
+ *          contributes exactly nothing even when X holds inf or NaN there.
+ * NaN payloads and the sign of a NaN result are not part of the contract.
  */
 #ifndef K3_KERN_H
 #define K3_KERN_H
@@ -25,10 +38,20 @@
 
 /* Pick the fastest path the CPU has, once; K3_ISA=scalar|avx2|avx512|avx512bf16
  * forces one (an unavailable forced path falls back to the best available and
- * k3_kern_name says so). Idempotent, thread-safe after the first call. */
+ * k3_kern_name says so). Idempotent, thread-safe after the first call.
+ * avx512bf16 is not built: it would round the f32 activations to bf16 and so
+ * change the numbers; asking for it gives avx512 (see kernels/dispatch.c). */
 void k3_kern_init(void);
-/* Name of the path in use, e.g. "avx512"; calls k3_kern_init if needed. */
+/* Name of the path in use, e.g. "avx512", or "avx2 (K3_ISA=avx512 unavailable)";
+ * calls k3_kern_init if needed. The string is static. */
 const char *k3_kern_name(void);
+
+/* Whether this CPU (and this build) can run the named path: 1 or 0. */
+int k3_kern_supported(const char *isa);
+/* Switch to the named path now (tests, benchmarks). Returns 0, or K3_EARG for
+ * an unknown name or a path this CPU cannot run (the path is then unchanged).
+ * Not thread-safe: call it while no product is running. */
+int k3_kern_use(const char *isa);
 
 /* ---- scalar conversions (ref.c) ------------------------------------------- */
 

@@ -1,0 +1,221 @@
+/*
+ * gemm_avx2.c - the AVX2+FMA products, bit-identical to ref.c.
+ *
+ * The 32 contract lanes of one output are four ymm accumulators (lanes 0..7,
+ * 8..15, 16..23, 24..31); fold32 adds them in the ref.c tree order. A column
+ * tail (cols not a multiple of 32) goes through zero-padded copies and a blend
+ * that leaves lanes past the end untouched, as ref.c does no fmaf for them.
+ *
+ * MXFP4 decode, 8 weights at a time: vpshufb puts the byte holding weight j in
+ * dword j, vpsrlvd brings odd weights' high nibble down, vpermps looks up the
+ * magnitude (low 3 bits) in the scaled 8-entry table, and bit 3 shifted to bit
+ * 31 supplies the sign (so nibble 8 gives -0, exactly e2m1 * scale).
+ */
+#include "k3_kern.h"
+#include "kern_impl.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+AI float fold32(const __m256 *a)
+{
+    __m256 s = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3])); /* 16, 8 */
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));  /* 4 */
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                                  /* 2 */
+    __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));                              /* 1 */
+    return _mm_cvtss_f32(d);
+}
+
+AI __m256 bf16x8(const uint16_t *p)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* lane mask for lanes k*8 .. k*8+7 of a tail with n valid columns */
+AI __m256 tail_mask(uint64_t n, int k)
+{
+    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i lim = _mm256_set1_epi32((int)n - k * 8);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, idx));
+}
+
+/* ---- bf16 ----------------------------------------------------------------- */
+
+AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y,
+                  uint64_t r, uint32_t t0, const int R, const int TB)
+{
+    __m256 acc[2][2][4];
+    const uint16_t *w[2];
+    const float *x[2];
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++) {
+        w[i] = W + (r + (uint64_t)i) * cols;
+#pragma GCC unroll 2
+        for (int j = 0; j < TB; j++)
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                acc[i][j][k] = _mm256_setzero_ps();
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < TB; j++)
+        x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;
+
+    uint64_t c = 0;
+    for (; c + 32 <= cols; c += 32) {
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m256 wv = bf16x8(w[i] + c + 8 * k);
+#pragma GCC unroll 2
+                for (int j = 0; j < TB; j++)
+                    acc[i][j][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + c + 8 * k), acc[i][j][k]);
+            }
+        }
+    }
+    if (c < cols) {
+        uint64_t n = cols - c;
+        uint16_t wt[32];
+        float xt[32];
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) {
+            memset(wt, 0, sizeof wt);
+            memcpy(wt, w[i] + c, n * sizeof *wt);
+#pragma GCC unroll 2
+            for (int j = 0; j < TB; j++) {
+                memset(xt, 0, sizeof xt);
+                memcpy(xt, x[j] + c, n * sizeof *xt);
+                for (int k = 0; k < 4; k++) {
+                    __m256 f = _mm256_fmadd_ps(bf16x8(wt + 8 * k), _mm256_loadu_ps(xt + 8 * k), acc[i][j][k]);
+                    acc[i][j][k] = _mm256_blendv_ps(acc[i][j][k], f, tail_mask(n, k));
+                }
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 2
+        for (int j = 0; j < TB; j++)
+            Y[(uint64_t)(t0 + (uint32_t)j) * rows + r + (uint64_t)i] = fold32(acc[i][j]);
+}
+
+static void bf16_tile_2x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 1); }
+static void bf16_tile_1x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 1); }
+static void bf16_tile_1x2(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 2); }
+
+static void avx2_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
+                                const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+{
+    uint64_t r = r0;
+    if (T == 1) {
+        for (; r + 2 <= r1; r += 2)
+            bf16_tile_2x1(W, rows, cols, X, Y, r, 0);
+        for (; r < r1; r++)
+            bf16_tile_1x1(W, rows, cols, X, Y, r, 0);
+        return;
+    }
+    for (; r < r1; r++) {
+        uint32_t t = 0;
+        for (; t + 2 <= T; t += 2)
+            bf16_tile_1x2(W, rows, cols, X, Y, r, t);
+        if (t < T)
+            bf16_tile_1x1(W, rows, cols, X, Y, r, t);
+    }
+}
+
+/* ---- MXFP4 ---------------------------------------------------------------- */
+
+AI __m256 mx_weights8(__m256i bytes, __m256i ctrl, __m256 tab8)
+{
+    const __m256i shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+    __m256i idx = _mm256_srlv_epi32(_mm256_shuffle_epi8(bytes, ctrl), shift);
+    __m256 mag = _mm256_permutevar8x32_ps(tab8, idx);
+    __m256i sgn = _mm256_and_si256(_mm256_slli_epi32(idx, 28), sign);
+    return _mm256_xor_ps(mag, _mm256_castsi256_ps(sgn));
+}
+
+AI void mx_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
+                const float *X, float *Y, uint64_t r, uint32_t t0, const int R, const int TB)
+{
+    /* chunk k (weights 8k..8k+7): dword j takes byte 4k + j/2 (lane-relative:
+     * the 16 bytes are in both 128-bit lanes), other bytes zeroed */
+    const __m256i Z = _mm256_set1_epi32((int)0x80808000u);
+    const __m256i ctrl[4] = {
+        _mm256_or_si256(Z, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)),
+        _mm256_or_si256(Z, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)),
+        _mm256_or_si256(Z, _mm256_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11)),
+        _mm256_or_si256(Z, _mm256_setr_epi32(12, 12, 13, 13, 14, 14, 15, 15)),
+    };
+    const __m256 e2m1 = _mm256_loadu_ps(k3_kern_e2m1_table);
+    uint64_t groups = cols / 32;
+    __m256 acc[2][2][4];
+    const float *x[2];
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 2
+        for (int j = 0; j < TB; j++)
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                acc[i][j][k] = _mm256_setzero_ps();
+#pragma GCC unroll 2
+    for (int j = 0; j < TB; j++)
+        x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;
+    for (uint64_t g = 0; g < groups; g++) {
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) {
+            uint8_t s = scales[(r + (uint64_t)i) * groups + g];
+            if (s == 255)
+                continue;
+            __m256 tab8 = _mm256_mul_ps(e2m1, _mm256_set1_ps(k3_kern_e8m0(s)));
+            const uint8_t *p = packed + (r + (uint64_t)i) * (cols / 2) + g * 16;
+            __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m256 wv = mx_weights8(bytes, ctrl[k], tab8);
+#pragma GCC unroll 2
+                for (int j = 0; j < TB; j++)
+                    acc[i][j][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + g * 32 + 8 * k), acc[i][j][k]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 2
+        for (int j = 0; j < TB; j++)
+            Y[(uint64_t)(t0 + (uint32_t)j) * rows + r + (uint64_t)i] = fold32(acc[i][j]);
+}
+
+static void mx_tile_2x1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { mx_tile(packed, scales, rows, cols, X, Y, r, t0, 2, 1); }
+static void mx_tile_1x1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { mx_tile(packed, scales, rows, cols, X, Y, r, t0, 1, 1); }
+static void mx_tile_1x2(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { mx_tile(packed, scales, rows, cols, X, Y, r, t0, 1, 2); }
+
+static void avx2_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, uint64_t rows,
+                              uint64_t cols, const float *X, uint32_t T, float *Y,
+                              uint64_t r0, uint64_t r1)
+{
+    uint64_t r = r0;
+    if (T == 1) {
+        for (; r + 2 <= r1; r += 2)
+            mx_tile_2x1(packed, scales, rows, cols, X, Y, r, 0);
+        for (; r < r1; r++)
+            mx_tile_1x1(packed, scales, rows, cols, X, Y, r, 0);
+        return;
+    }
+    for (; r < r1; r++) {
+        uint32_t t = 0;
+        for (; t + 2 <= T; t += 2)
+            mx_tile_1x2(packed, scales, rows, cols, X, Y, r, t);
+        if (t < T)
+            mx_tile_1x1(packed, scales, rows, cols, X, Y, r, t);
+    }
+}
+
+const k3_kern_path k3_kern_path_avx2 = {
+    .name = "avx2",
+    .gemm_bf16_rows = avx2_gemm_bf16_rows,
+    .gemm_mx_rows = avx2_gemm_mx_rows,
+};

@@ -1,0 +1,303 @@
+/*
+ * gemm_avx512.c - the AVX-512 (F/BW/VL/DQ) products, bit-identical to ref.c.
+ *
+ * The 32 contract lanes of one output are two zmm accumulators: acc[0] holds
+ * lanes 0..15, acc[1] lanes 16..31, so column c always lands in lane c mod 32
+ * and every step is the same fmaf as in ref.c (vfmadd rounds once). The fold
+ * (fold32) adds the halves exactly in the ref.c tree order.
+ *
+ * Work is done in tiles of R rows x TB activation vectors whose accumulators
+ * stay in registers for the whole row: weights are converted once per tile and
+ * used TB times; for T > TB the same few rows are re-read from L1, not from
+ * memory. Tiles change nothing in the per-output order.
+ *
+ * MXFP4 decode: the group's scale multiplies the 16-entry E2M1 table once
+ * (exactly the ref.c product e2m1 * 2^(s-127)); vpermps then looks up 16
+ * weights at a time from dword indices whose low 4 bits are the nibbles, in
+ * element order. With AVX512-VBMI one vpmultishiftqb builds those indices from
+ * 8 bytes; without it a vpshufb + vpsrlvd pair does. Groups with scale 255 are
+ * skipped, as in ref.c.
+ */
+#include "k3_kern.h"
+#include "kern_impl.h"
+
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* ---- shared pieces -------------------------------------------------------- */
+
+AI float fold32(__m512 lo, __m512 hi)
+{
+    __m512 v = _mm512_add_ps(lo, hi);                                    /* h = 16 */
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); /* 8 */
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));    /* 4 */
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                       /* 2 */
+    __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));                   /* 1 */
+    return _mm_cvtss_f32(d);
+}
+
+AI __m512 bf16x16(const uint16_t *p)
+{
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AI __m512 bf16x16_mask(const uint16_t *p, __mmask16 m)
+{
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* ---- bf16 ----------------------------------------------------------------- */
+
+AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y,
+                  uint64_t r, uint32_t t0, const int R, const int TB)
+{
+    __m512 acc[4][4][2];
+    const uint16_t *w[4];
+    const float *x[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        w[i] = W + (r + (uint64_t)i) * cols;
+#pragma GCC unroll 4
+        for (int j = 0; j < TB; j++)
+            acc[i][j][0] = acc[i][j][1] = _mm512_setzero_ps();
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < TB; j++)
+        x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;
+
+    uint64_t c = 0;
+    for (; c + 32 <= cols; c += 32) {
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            __m512 w0 = bf16x16(w[i] + c), w1 = bf16x16(w[i] + c + 16);
+#pragma GCC unroll 4
+            for (int j = 0; j < TB; j++) {
+                acc[i][j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + c), acc[i][j][0]);
+                acc[i][j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + c + 16), acc[i][j][1]);
+            }
+        }
+    }
+    if (c < cols) {
+        /* masked lanes keep their accumulator untouched (no fma), as in ref.c */
+        uint64_t n = cols - c;
+        __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffffu : (1u << n) - 1u);
+        __mmask16 m1 = (__mmask16)(n > 16 ? (1u << (n - 16)) - 1u : 0u);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            __m512 w0 = bf16x16_mask(w[i] + c, m0), w1 = bf16x16_mask(w[i] + c + 16, m1);
+#pragma GCC unroll 4
+            for (int j = 0; j < TB; j++) {
+                __m512 x0 = _mm512_maskz_loadu_ps(m0, x[j] + c);
+                __m512 x1 = _mm512_maskz_loadu_ps(m1, x[j] + c + 16);
+                acc[i][j][0] = _mm512_mask3_fmadd_ps(w0, x0, acc[i][j][0], m0);
+                acc[i][j][1] = _mm512_mask3_fmadd_ps(w1, x1, acc[i][j][1], m1);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < TB; j++)
+            Y[(uint64_t)(t0 + (uint32_t)j) * rows + r + (uint64_t)i] = fold32(acc[i][j][0], acc[i][j][1]);
+}
+
+/* One tile shape per call site so that R and TB are constants inside. */
+static void bf16_tile_4x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 4, 1); }
+static void bf16_tile_1x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 1); }
+static void bf16_tile_2x4(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 4); }
+static void bf16_tile_2x3(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 3); }
+static void bf16_tile_2x2(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 2); }
+static void bf16_tile_2x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 1); }
+static void bf16_tile_1x4(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 4); }
+static void bf16_tile_1x3(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 3); }
+static void bf16_tile_1x2(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 2); }
+
+typedef void (*bf16_tile_fn)(const uint16_t *, uint64_t, uint64_t, const float *, float *, uint64_t, uint32_t);
+
+static void avx512_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
+                                  const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+{
+    static const bf16_tile_fn two[5] = {0, bf16_tile_2x1, bf16_tile_2x2, bf16_tile_2x3, bf16_tile_2x4};
+    static const bf16_tile_fn one[5] = {0, bf16_tile_1x1, bf16_tile_1x2, bf16_tile_1x3, bf16_tile_1x4};
+    uint64_t r = r0;
+    if (T == 1) {
+        for (; r + 4 <= r1; r += 4)
+            bf16_tile_4x1(W, rows, cols, X, Y, r, 0);
+        for (; r < r1; r++)
+            bf16_tile_1x1(W, rows, cols, X, Y, r, 0);
+        return;
+    }
+    for (; r + 2 <= r1; r += 2)
+        for (uint32_t t = 0; t < T; t += 4)
+            two[T - t >= 4 ? 4 : T - t](W, rows, cols, X, Y, r, t);
+    for (; r < r1; r++)
+        for (uint32_t t = 0; t < T; t += 4)
+            one[T - t >= 4 ? 4 : T - t](W, rows, cols, X, Y, r, t);
+}
+
+/* ---- MXFP4 ---------------------------------------------------------------- */
+
+/* Weights 0..15 and 16..31 of one group (16 packed bytes at p), already scaled
+ * (tab = E2M1 table times the group scale). */
+__attribute__((target("avx512vbmi")))
+static inline __attribute__((always_inline)) void mx_decode_vbmi(const uint8_t *p, __m512 tab,
+                                                                 __m512 *w0, __m512 *w1)
+{
+    /* output qword q (elements 2q, 2q+1 of the 16 in a source qword) takes
+     * bits 8q.. into its byte 0 and bits 8q+4.. into its byte 4 */
+    const __m512i ctrl = _mm512_set_epi64(0x3c00000038LL, 0x3400000030LL, 0x2c00000028LL,
+                                          0x2400000020LL, 0x1c00000018LL, 0x1400000010LL,
+                                          0x0c00000008LL, 0x0400000000LL);
+    uint64_t lo, hi;
+    memcpy(&lo, p, 8);
+    memcpy(&hi, p + 8, 8);
+    __m512i i0 = _mm512_multishift_epi64_epi8(ctrl, _mm512_set1_epi64((long long)lo));
+    __m512i i1 = _mm512_multishift_epi64_epi8(ctrl, _mm512_set1_epi64((long long)hi));
+    *w0 = _mm512_permutexvar_ps(i0, tab);
+    *w1 = _mm512_permutexvar_ps(i1, tab);
+}
+
+AI void mx_decode_shuf(const uint8_t *p, __m512 tab, __m512 *w0, __m512 *w1)
+{
+    /* dword j gets byte j/2 (first 16 weights) or 8 + j/2 (last 16) in its low
+     * byte, then odd dwords shift right by 4 to bring the high nibble down */
+    const __m512i ctrl0 = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i ctrl1 = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    const __m512i shift = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+    const __m512i high_zero = _mm512_set1_epi32((int)0x80808000u);
+    __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p));
+    __m512i i0 = _mm512_srlv_epi32(_mm512_shuffle_epi8(b, _mm512_or_si512(ctrl0, high_zero)), shift);
+    __m512i i1 = _mm512_srlv_epi32(_mm512_shuffle_epi8(b, _mm512_or_si512(ctrl1, high_zero)), shift);
+    *w0 = _mm512_permutexvar_ps(i0, tab);
+    *w1 = _mm512_permutexvar_ps(i1, tab);
+}
+
+#define MX_TILE_BODY(DECODE)                                                              \
+    uint64_t groups = cols / 32;                                                          \
+    __m512 acc[4][4][2];                                                                  \
+    const float *x[4];                                                                    \
+    const __m512 e2m1 = _mm512_loadu_ps(k3_kern_e2m1_table);                              \
+    _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)                                   \
+        _Pragma("GCC unroll 4") for (int j = 0; j < TB; j++)                              \
+            acc[i][j][0] = acc[i][j][1] = _mm512_setzero_ps();                            \
+    _Pragma("GCC unroll 4") for (int j = 0; j < TB; j++)                                  \
+        x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;                                   \
+    for (uint64_t g = 0; g < groups; g++) {                                               \
+        _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) {                             \
+            uint8_t s = scales[(r + (uint64_t)i) * groups + g];                           \
+            if (s == 255)                                                                 \
+                continue;                                                                 \
+            __m512 tab = _mm512_mul_ps(e2m1, _mm512_set1_ps(k3_kern_e8m0(s)));            \
+            __m512 w0, w1;                                                                \
+            DECODE(packed + (r + (uint64_t)i) * (cols / 2) + g * 16, tab, &w0, &w1);      \
+            _Pragma("GCC unroll 4") for (int j = 0; j < TB; j++) {                        \
+                acc[i][j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + g * 32), acc[i][j][0]); \
+                acc[i][j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + g * 32 + 16), acc[i][j][1]); \
+            }                                                                             \
+        }                                                                                 \
+    }                                                                                     \
+    _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)                                   \
+        _Pragma("GCC unroll 4") for (int j = 0; j < TB; j++)                              \
+            Y[(uint64_t)(t0 + (uint32_t)j) * rows + r + (uint64_t)i] =                    \
+                fold32(acc[i][j][0], acc[i][j][1]);
+
+__attribute__((target("avx512vbmi")))
+static inline __attribute__((always_inline)) void mx_tile_vbmi(
+    const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
+    const float *X, float *Y, uint64_t r, uint32_t t0, const int R, const int TB)
+{
+    MX_TILE_BODY(mx_decode_vbmi)
+}
+
+AI void mx_tile_shuf(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
+                     const float *X, float *Y, uint64_t r, uint32_t t0, const int R, const int TB)
+{
+    MX_TILE_BODY(mx_decode_shuf)
+}
+
+typedef void (*mx_tile_fn)(const uint8_t *, const uint8_t *, uint64_t, uint64_t, const float *,
+                           float *, uint64_t, uint32_t);
+
+#define MX_TILE_FN(KIND, ATTR, R, TB)                                                     \
+    ATTR static void mx_##KIND##_##R##x##TB(const uint8_t *packed, const uint8_t *scales, \
+                                            uint64_t rows, uint64_t cols, const float *X,  \
+                                            float *Y, uint64_t r, uint32_t t0)             \
+    {                                                                                     \
+        mx_tile_##KIND(packed, scales, rows, cols, X, Y, r, t0, R, TB);                   \
+    }
+#define VBMI __attribute__((target("avx512vbmi")))
+MX_TILE_FN(vbmi, VBMI, 4, 1)
+MX_TILE_FN(vbmi, VBMI, 1, 1)
+MX_TILE_FN(vbmi, VBMI, 2, 1)
+MX_TILE_FN(vbmi, VBMI, 2, 2)
+MX_TILE_FN(vbmi, VBMI, 2, 3)
+MX_TILE_FN(vbmi, VBMI, 2, 4)
+MX_TILE_FN(vbmi, VBMI, 1, 2)
+MX_TILE_FN(vbmi, VBMI, 1, 3)
+MX_TILE_FN(vbmi, VBMI, 1, 4)
+MX_TILE_FN(shuf, , 4, 1)
+MX_TILE_FN(shuf, , 1, 1)
+MX_TILE_FN(shuf, , 2, 1)
+MX_TILE_FN(shuf, , 2, 2)
+MX_TILE_FN(shuf, , 2, 3)
+MX_TILE_FN(shuf, , 2, 4)
+MX_TILE_FN(shuf, , 1, 2)
+MX_TILE_FN(shuf, , 1, 3)
+MX_TILE_FN(shuf, , 1, 4)
+
+struct mx_tiles {
+    mx_tile_fn t4x1, two[5], one[5];
+};
+
+static const struct mx_tiles mx_vbmi = {
+    mx_vbmi_4x1, {0, mx_vbmi_2x1, mx_vbmi_2x2, mx_vbmi_2x3, mx_vbmi_2x4},
+    {0, mx_vbmi_1x1, mx_vbmi_1x2, mx_vbmi_1x3, mx_vbmi_1x4}};
+static const struct mx_tiles mx_shuf = {
+    mx_shuf_4x1, {0, mx_shuf_2x1, mx_shuf_2x2, mx_shuf_2x3, mx_shuf_2x4},
+    {0, mx_shuf_1x1, mx_shuf_1x2, mx_shuf_1x3, mx_shuf_1x4}};
+
+/* K3_MX_DECODE=shuf forces the non-VBMI decode (tests cover both). */
+static const struct mx_tiles *mx_tiles_pick(void)
+{
+    static const struct mx_tiles *pick;
+    const struct mx_tiles *p = __atomic_load_n(&pick, __ATOMIC_ACQUIRE);
+    if (!p) {
+        const char *force = getenv("K3_MX_DECODE");
+        int vbmi = __builtin_cpu_supports("avx512vbmi");
+        p = vbmi && !(force && !strcmp(force, "shuf")) ? &mx_vbmi : &mx_shuf;
+        __atomic_store_n(&pick, p, __ATOMIC_RELEASE);
+    }
+    return p;
+}
+
+static void avx512_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, uint64_t rows,
+                                uint64_t cols, const float *X, uint32_t T, float *Y,
+                                uint64_t r0, uint64_t r1)
+{
+    const struct mx_tiles *k = mx_tiles_pick();
+    uint64_t r = r0;
+    if (T == 1) {
+        for (; r + 4 <= r1; r += 4)
+            k->t4x1(packed, scales, rows, cols, X, Y, r, 0);
+        for (; r < r1; r++)
+            k->one[1](packed, scales, rows, cols, X, Y, r, 0);
+        return;
+    }
+    for (; r + 2 <= r1; r += 2)
+        for (uint32_t t = 0; t < T; t += 4)
+            k->two[T - t >= 4 ? 4 : T - t](packed, scales, rows, cols, X, Y, r, t);
+    for (; r < r1; r++)
+        for (uint32_t t = 0; t < T; t += 4)
+            k->one[T - t >= 4 ? 4 : T - t](packed, scales, rows, cols, X, Y, r, t);
+}
+
+const k3_kern_path k3_kern_path_avx512 = {
+    .name = "avx512",
+    .gemm_bf16_rows = avx512_gemm_bf16_rows,
+    .gemm_mx_rows = avx512_gemm_mx_rows,
+};

@@ -1,0 +1,51 @@
+/*
+ * kern_impl.h - the table of functions each instruction-set path provides, and
+ * what the paths share. Internal to kernels/ (and tests/, which compare every
+ * path against the scalar one directly).
+ *
+ * A path computes output rows [r0, r1) of Y for all T vectors; rows outside
+ * that range are not touched, so callers may split rows across threads in any
+ * way without changing a single bit (the per-row order is fixed by ref.c).
+ */
+#ifndef K3_KERN_IMPL_H
+#define K3_KERN_IMPL_H
+
+#include <stdint.h>
+#include <string.h>
+
+typedef void (*k3_kern_bf16_rows_fn)(const uint16_t *W, uint64_t rows, uint64_t cols,
+                                     const float *X, uint32_t T, float *Y,
+                                     uint64_t r0, uint64_t r1);
+typedef void (*k3_kern_mx_rows_fn)(const uint8_t *packed, const uint8_t *scales,
+                                   uint64_t rows, uint64_t cols, const float *X, uint32_t T,
+                                   float *Y, uint64_t r0, uint64_t r1);
+
+typedef struct k3_kern_path {
+    const char *name;
+    k3_kern_bf16_rows_fn gemm_bf16_rows;
+    k3_kern_mx_rows_fn gemm_mx_rows;
+} k3_kern_path;
+
+extern const k3_kern_path k3_kern_path_scalar;
+extern const k3_kern_path k3_kern_path_avx2;
+extern const k3_kern_path k3_kern_path_avx512;
+
+/* The path in use (k3_kern_init has run). */
+const k3_kern_path *k3_kern_path_current(void);
+/* A path by name if this CPU runs it, else NULL. */
+const k3_kern_path *k3_kern_path_find(const char *isa);
+
+/* The 16 E2M1 values in nibble order (bit 3 = sign, so entry 8 is -0). */
+extern const float k3_kern_e2m1_table[16];
+
+/* 2^(s-127) built from its bits (s = 0 is the subnormal 2^-127); 0 for 255.
+ * Same values as k3_e8m0_scale, inline for the per-group step of the paths. */
+static inline float k3_kern_e8m0(uint8_t s)
+{
+    uint32_t bits = s == 0 ? 0x00400000u : s == 255 ? 0u : (uint32_t)s << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+#endif

@@ -1,0 +1,249 @@
+/*
+ * ref.c - the scalar definition of every number the runtime computes: the
+ * bf16/f16/fp8/E2M1/E8M0 conversions, MXFP4 quantization, and the bf16 and
+ * MXFP4 matrix products with their accumulation order. Plain C, built with
+ * -ffp-contract=off and without fast-math; fmaf() is the only fused operation.
+ * Every SIMD path (gemm_avx2.c, gemm_avx512.c) must give the same bits as the
+ * functions here; tests/t_kernels.c checks that.
+ *
+ * Product contract (also in include/k3_kern.h): for each output Y[t][r], 32
+ * f32 lanes start at +0; column c goes to lane c mod 32 through one fmaf, in
+ * increasing c; then the lanes fold by halves (16, 8, 4, 2, 1). The MXFP4
+ * weight is e2m1 * 2^(s-127) rounded once to f32, and a group with scale 255
+ * is skipped. 32 lanes because that is two AVX-512 or four AVX2 registers:
+ * enough independent chains to hide the FMA latency with one row in flight.
+ */
+#include "k3_kern.h"
+#include "kern_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- conversions ---------------------------------------------------------- */
+
+static float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+float k3_bf16_to_f32(uint16_t h)
+{
+    return f32_from_bits((uint32_t)h << 16);
+}
+
+uint16_t k3_f32_to_bf16(float f)
+{
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)         /* NaN: keep sign and payload top, force quiet */
+        return (uint16_t)((u >> 16) | 0x0040u);
+    /* round to nearest, ties to even: add 0x7fff plus the lowest kept bit;
+     * a carry into the exponent is the correct rounding (up to inf). */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float k3_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f)                             /* inf / NaN */
+        return f32_from_bits(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {                              /* zero / subnormal: man * 2^-24, exact */
+        float v = (float)man * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    return f32_from_bits(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+/* E4M3 "fn": bias 7, no infinities, S.1111.111 is NaN, subnormals man*2^-9. */
+float k3_f8e4m3_to_f32(uint8_t b)
+{
+    uint32_t sign = (uint32_t)(b & 0x80u) << 24;
+    uint32_t exp = (b >> 3) & 0xfu;
+    uint32_t man = b & 0x7u;
+    if (exp == 0xf && man == 0x7)
+        return f32_from_bits(sign | 0x7fc00000u);
+    if (exp == 0) {
+        float v = (float)man * 0x1p-9f;
+        return sign ? -v : v;
+    }
+    return f32_from_bits(sign | ((exp + 120u) << 23) | (man << 20));
+}
+
+/* E5M2 is the top byte of an IEEE half. */
+float k3_f8e5m2_to_f32(uint8_t b)
+{
+    return k3_f16_to_f32((uint16_t)((uint16_t)b << 8));
+}
+
+const float k3_kern_e2m1_table[16] = {
+    0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f,
+};
+
+float k3_e2m1_value(uint8_t nibble)
+{
+    return k3_kern_e2m1_table[nibble & 0xfu];
+}
+
+float k3_e8m0_scale(uint8_t s)
+{
+    return k3_kern_e8m0(s);
+}
+
+void k3_bf16_to_f32_n(const uint16_t *src, float *dst, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        dst[i] = k3_bf16_to_f32(src[i]);
+}
+
+void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        dst[i] = k3_f32_to_bf16(src[i]);
+}
+
+/* ---- MXFP4 quantization --------------------------------------------------- */
+
+/* Nearest E2M1 magnitude code (0..7) of a >= 0, ties to the even code (the
+ * one whose mantissa bit is 0), saturating at 6; NaN gives 7. */
+static uint8_t e2m1_code(double a)
+{
+    if (a <= 0.25) return 0;
+    if (a < 0.75) return 1;
+    if (a <= 1.25) return 2;
+    if (a < 1.75) return 3;
+    if (a <= 2.5) return 4;
+    if (a < 3.5) return 5;
+    if (a <= 5.0) return 6;
+    return 7;
+}
+
+/*
+ * The rule (SPEC §2), per group of 32 consecutive values:
+ *   amax = the largest |x| (NaN ignored; inf counts as FLT_MAX);
+ *   amax == 0 (or only NaN): scale byte 0 and all nibbles 0;
+ *   else e = floor(log2(amax)) - 2, clamped to [-127, 127]; scale byte e+127;
+ *   each x / 2^e (exact, in double) goes to the nearest E2M1 magnitude with
+ *   ties to the even code, saturating at 6; the sign bit of x is kept, so -0
+ *   and negatives that round to 0 give nibble 8 (-0); NaN gives magnitude 6.
+ * A group that is already exactly E2M1 * 2^(s-127) with some |value| of 4 or
+ * 6 and s <= 252 comes back with the same bytes.
+ */
+void k3_mx_quantize(const float *x, uint64_t n, uint8_t *packed, uint8_t *scales)
+{
+    for (uint64_t g = 0; g < n / 32; g++) {
+        const float *v = x + g * 32;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            float a = fabsf(v[i]);
+            if (a > amax)
+                amax = a;
+        }
+        uint8_t *p = packed + g * 16;
+        if (amax == 0.0f) {
+            scales[g] = 0;
+            memset(p, 0, 16);
+            continue;
+        }
+        if (isinf(amax))
+            amax = 0x1.fffffep127f;
+        int ex;
+        (void)frexpf(amax, &ex);                 /* amax = m * 2^ex, m in [0.5, 1) */
+        int e = ex - 1 - 2;
+        if (e < -127)
+            e = -127;
+        if (e > 127)
+            e = 127;
+        scales[g] = (uint8_t)(e + 127);
+        for (int i = 0; i < 32; i += 2) {
+            uint8_t nib[2];
+            for (int k = 0; k < 2; k++) {
+                float f = v[i + k];
+                double a = ldexp(fabs((double)f), -e);
+                nib[k] = (uint8_t)(e2m1_code(isnan(f) ? 6.0 : a) | (signbit(f) ? 8u : 0u));
+            }
+            p[i / 2] = (uint8_t)(nib[0] | (nib[1] << 4));
+        }
+    }
+}
+
+void k3_mx_dequantize(const uint8_t *packed, const uint8_t *scales, uint64_t n, float *x)
+{
+    for (uint64_t c = 0; c < n; c++) {
+        uint8_t byte = packed[c / 2];
+        uint8_t nib = (c & 1) ? (uint8_t)(byte >> 4) : (uint8_t)(byte & 0xfu);
+        x[c] = k3_kern_e2m1_table[nib] * k3_kern_e8m0(scales[c / 32]);
+    }
+}
+
+/* ---- products ------------------------------------------------------------- */
+
+#define LANES 32
+
+/* The fixed fold of the 32 lanes: halves added lane by lane. */
+static float lanes_fold(float *L)
+{
+    for (int h = LANES / 2; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++)
+            L[l] = L[l] + L[l + h];
+    return L[0];
+}
+
+static void ref_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
+                               const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+{
+    for (uint64_t r = r0; r < r1; r++) {
+        const uint16_t *w = W + r * cols;
+        for (uint32_t t = 0; t < T; t++) {
+            const float *x = X + (uint64_t)t * cols;
+            float L[LANES] = {0};
+            for (uint64_t c = 0; c < cols; c++)
+                L[c % LANES] = fmaf(k3_bf16_to_f32(w[c]), x[c], L[c % LANES]);
+            Y[(uint64_t)t * rows + r] = lanes_fold(L);
+        }
+    }
+}
+
+static void ref_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, uint64_t rows,
+                             uint64_t cols, const float *X, uint32_t T, float *Y,
+                             uint64_t r0, uint64_t r1)
+{
+    uint64_t groups = cols / 32;
+    for (uint64_t r = r0; r < r1; r++) {
+        const uint8_t *p = packed + r * (cols / 2);
+        const uint8_t *s = scales + r * groups;
+        for (uint32_t t = 0; t < T; t++) {
+            const float *x = X + (uint64_t)t * cols;
+            float L[LANES] = {0};
+            for (uint64_t g = 0; g < groups; g++) {
+                if (s[g] == 255)
+                    continue;
+                float scale = k3_kern_e8m0(s[g]);
+                for (int k = 0; k < 32; k++) {
+                    uint8_t byte = p[g * 16 + k / 2];
+                    uint8_t nib = (k & 1) ? (uint8_t)(byte >> 4) : (uint8_t)(byte & 0xfu);
+                    float w = k3_kern_e2m1_table[nib] * scale;
+                    L[k] = fmaf(w, x[g * 32 + k], L[k]);
+                }
+            }
+            Y[(uint64_t)t * rows + r] = lanes_fold(L);
+        }
+    }
+}
+
+const k3_kern_path k3_kern_path_scalar = {
+    .name = "scalar",
+    .gemm_bf16_rows = ref_gemm_bf16_rows,
+    .gemm_mx_rows = ref_gemm_mx_rows,
+};

@@ -1,0 +1,573 @@
+/*
+ * t_kernels.c - the numeric kernels: conversions, MXFP4 quantization, and
+ * every instruction-set path of the products against the scalar contract in
+ * kernels/ref.c, bit for bit, on odd shapes and hostile values; thread-count
+ * independence; the ISA choice.
+ */
+#include "k3_err.h"
+#include "k3_kern.h"
+#include "k3_test.h"
+#include "../kernels/kern_impl.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers -------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+    uint64_t x = rng_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return rng_state = x;
+}
+
+static float rnd_float(void) /* roughly N(0,1)-ish, uniform in [-2, 2) */
+{
+    return (float)((double)(rnd() >> 11) * 0x1p-53 * 4.0 - 2.0);
+}
+
+static uint32_t bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Paths this CPU runs, plus the non-VBMI MXFP4 decode of avx512. */
+static const char *const isas[] = {"avx2", "avx512"};
+
+/* First index where two float arrays differ in bits, or -1. */
+static long first_diff(const float *a, const float *b, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (bits(a[i]) != bits(b[i]))
+            return (long)i;
+    return -1;
+}
+
+/* ---- conversions ---------------------------------------------------------- */
+
+K3_TEST(kern_bf16_rounds_to_nearest_even)
+{
+    CHECK_EQ_INT(k3_f32_to_bf16(1.0f), 0x3f80);
+    CHECK_EQ_INT(k3_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);          /* tie, even stays */
+    CHECK_EQ_INT(k3_f32_to_bf16(1.0f + 0x1p-7f + 0x1p-8f), 0x3f82); /* tie, odd goes up */
+    CHECK_EQ_INT(k3_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
+    CHECK_EQ_INT(k3_f32_to_bf16(-0.0f), 0x8000);
+    CHECK_EQ_INT(k3_f32_to_bf16(INFINITY), 0x7f80);
+    CHECK_EQ_INT(k3_f32_to_bf16(0x1.fffffep127f), 0x7f80);          /* rounds up to inf */
+    CHECK_EQ_INT(k3_f32_to_bf16(from_bits(0x00010000u)), 0x0001);   /* subnormal kept */
+    CHECK_EQ_INT(k3_f32_to_bf16(from_bits(0x00018000u)), 0x0002);   /* subnormal tie to even */
+    uint16_t nan = k3_f32_to_bf16(from_bits(0x7f800001u));          /* payload only in low bits */
+    CHECK(isnan(k3_bf16_to_f32(nan)));
+    CHECK_EQ_INT(k3_f32_to_bf16(from_bits(0xffc00000u)), 0xffc0);
+    /* every bf16 survives the round trip exactly */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = k3_bf16_to_f32((uint16_t)h);
+        if (!isnan(f) && k3_f32_to_bf16(f) != h)
+            CHECK_EQ_INT(k3_f32_to_bf16(f), h);
+    }
+    /* random floats: the result is one of the two neighbours and the nearer */
+    for (int i = 0; i < 100000; i++) {
+        float f = from_bits((uint32_t)rnd() & 0xff7fffffu);         /* finite */
+        uint16_t b = k3_f32_to_bf16(f);
+        uint16_t down = (uint16_t)(bits(f) >> 16);
+        double lo = k3_bf16_to_f32(down), hi = k3_bf16_to_f32((uint16_t)(down + 1));
+        if (isinf(hi))                                               /* overflow rounds as if 2^128 existed */
+            hi = copysign(0x1p128, hi);
+        double d_lo = fabs((double)f - lo), d_hi = fabs((double)f - hi);
+        uint16_t want = d_lo < d_hi ? down : d_hi < d_lo ? (uint16_t)(down + 1)
+                                                         : ((down & 1) ? (uint16_t)(down + 1) : down);
+        if (b != want) {
+            CHECK_EQ_INT(b, want);
+            break;
+        }
+    }
+    uint16_t src[3] = {0x3f80, 0xc000, 0x0001};
+    float dst[3];
+    k3_bf16_to_f32_n(src, dst, 3);
+    CHECK(dst[0] == 1.0f && dst[1] == -2.0f && dst[2] == 0x1p-133f);
+    uint16_t back[3];
+    k3_f32_to_bf16_n(dst, back, 3);
+    CHECK(!memcmp(back, src, sizeof src));
+}
+
+K3_TEST(kern_f16_and_fp8_decode_every_code)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+        double want = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+        float got = k3_f16_to_f32((uint16_t)h);
+        if (isnan(want)) {
+            if (!isnan(got))
+                CHECK(isnan(got));
+            continue;
+        }
+        want = s ? -want : want;
+        if ((double)got != want || !!signbit(got) != (s != 0)) {
+            k3t_fail(__FILE__, __LINE__, "f16 %#x: %g != %g", h, got, want);
+            break;
+        }
+    }
+    for (uint32_t b = 0; b < 256; b++) {
+        int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+        float got = k3_f8e4m3_to_f32((uint8_t)b);
+        if (e == 15 && m == 7) {
+            CHECK(isnan(got));
+            continue;
+        }
+        double want = e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+        want = s ? -want : want;
+        if ((double)got != want || !!signbit(got) != (s != 0))
+            k3t_fail(__FILE__, __LINE__, "e4m3 %#x: %g != %g", b, got, want);
+        float g2 = k3_f8e5m2_to_f32((uint8_t)b);
+        CHECK(bits(g2) == bits(k3_f16_to_f32((uint16_t)(b << 8))) || (isnan(g2) && isnan(k3_f16_to_f32((uint16_t)(b << 8)))));
+    }
+    CHECK(k3_f8e4m3_to_f32(0x7e) == 448.0f);
+    CHECK(k3_f8e5m2_to_f32(0x7b) == 57344.0f);
+    CHECK(isinf(k3_f8e5m2_to_f32(0x7c)));
+}
+
+K3_TEST(kern_e2m1_and_e8m0_values)
+{
+    static const float want[16] = {0, .5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -.5f, -1, -1.5f, -2, -3, -4, -6};
+    for (int i = 0; i < 16; i++)
+        CHECK_EQ_INT(bits(k3_e2m1_value((uint8_t)i)), bits(want[i]));
+    CHECK(signbit(k3_e2m1_value(8)));
+    CHECK(k3_e2m1_value(0x17) == 6.0f);                              /* high bits ignored */
+    CHECK(k3_e8m0_scale(127) == 1.0f);
+    CHECK(k3_e8m0_scale(128) == 2.0f);
+    CHECK(k3_e8m0_scale(254) == 0x1p127f);
+    CHECK(k3_e8m0_scale(1) == 0x1p-126f);
+    CHECK(k3_e8m0_scale(0) == 0x1p-127f);                            /* subnormal, not 0 */
+    CHECK(k3_e8m0_scale(255) == 0.0f);
+}
+
+/* ---- MXFP4 quantization --------------------------------------------------- */
+
+K3_TEST(kern_mx_quantize_follows_the_rule)
+{
+    float x[32] = {0};
+    uint8_t p[16], s[1];
+    /* amax 6 -> e = floor(log2 6) - 2 = 0 -> scale 127; ties to even */
+    float vals[] = {6.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 7.0f, -0.3f, -0.0f, -100.0f};
+    uint8_t want[] = {7, 0, 2, 2, 4, 4, 6, 6, 7, 9, 8, 15};
+    for (int i = 0; i < 12; i++)
+        x[i] = vals[i];
+    x[8] = 5.5f;                                                     /* 5.5 -> 6 (nearer) */
+    want[8] = 7;
+    x[11] = -6.0f;
+    k3_mx_quantize(x, 32, p, s);
+    CHECK_EQ_INT(s[0], 127);
+    for (int i = 0; i < 12; i++) {
+        uint8_t nib = (i & 1) ? (uint8_t)(p[i / 2] >> 4) : (uint8_t)(p[i / 2] & 15);
+        if (nib != want[i])
+            k3t_fail(__FILE__, __LINE__, "value %g: nibble %u, want %u", x[i], nib, want[i]);
+    }
+    /* all zero (even -0) -> scale 0, nibbles 0 */
+    memset(x, 0, sizeof x);
+    x[3] = -0.0f;
+    k3_mx_quantize(x, 32, p, s);
+    CHECK_EQ_INT(s[0], 0);
+    for (int i = 0; i < 16; i++)
+        CHECK_EQ_INT(p[i], 0);
+    /* saturation: amax 7 -> e = 0, 7 saturates at 6; tiny scale clamps at byte 0 */
+    x[0] = 7.0f;
+    k3_mx_quantize(x, 32, p, s);
+    CHECK_EQ_INT(s[0], 127);
+    CHECK_EQ_INT(p[0] & 15, 7);
+    x[0] = 0x1p-140f;
+    k3_mx_quantize(x, 32, p, s);
+    CHECK_EQ_INT(s[0], 0);
+    CHECK_EQ_INT(p[0] & 15, 0);                                      /* 2^-140 / 2^-127 rounds to 0 */
+    x[0] = 0x1p127f;
+    k3_mx_quantize(x, 32, p, s);
+    CHECK_EQ_INT(s[0], 252);
+    CHECK_EQ_INT(p[0] & 15, 6);
+}
+
+K3_TEST(kern_mx_quantize_round_trip_properties)
+{
+    enum { N = 32 * 512 };
+    float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
+    uint8_t *p = malloc(N / 2), *s = malloc(N / 32), *p2 = malloc(N / 2), *s2 = malloc(N / 32);
+    for (int i = 0; i < N; i++)
+        x[i] = ldexpf(rnd_float(), (int)(rnd() % 40) - 20) * ((i % 97) == 0 ? 1e6f : 1.0f);
+    k3_mx_quantize(x, N, p, s);
+    k3_mx_dequantize(p, s, N, y);
+    for (int g = 0; g < N / 32; g++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(x[g * 32 + i]));
+        double step = ldexp(1.0, (int)s[g] - 127);                  /* the group's unit */
+        for (int i = 0; i < 32; i++) {
+            double xi = x[g * 32 + i], yi = y[g * 32 + i];
+            /* nearest grid point: the error is at most half the local spacing
+             * (0.25 unit below 2 units ... 1 unit between 4 and 6) */
+            double a = fabs(xi) / step;
+            double half = a < 2 ? 0.25 : a < 4 ? 0.5 : 1.0;
+            if (a <= 6 && fabs(xi - yi) > half * step * (1 + 1e-12)) {
+                k3t_fail(__FILE__, __LINE__, "group %d elem %d: %g -> %g (unit %g)", g, i, xi, yi, step);
+                goto out;
+            }
+            if (yi != 0 && !!signbit(yi) != !!signbit(xi)) {
+                k3t_fail(__FILE__, __LINE__, "sign flipped: %g -> %g", xi, yi);
+                goto out;
+            }
+        }
+        /* amax lands in [4, 8) units: the scale uses the top of the grid */
+        if (!(amax / step >= 4 && amax / step < 8))
+            k3t_fail(__FILE__, __LINE__, "group %d: amax %g is %g units", g, amax, amax / step);
+    }
+    /* quantizing the dequantized values changes nothing */
+    k3_mx_quantize(y, N, p2, s2);
+    CHECK(!memcmp(p, p2, N / 2));
+    CHECK(!memcmp(s, s2, N / 32));
+out:
+    free(x), free(y), free(p), free(s), free(p2), free(s2);
+}
+
+K3_TEST(kern_mx_quantize_returns_representable_bytes_unchanged)
+{
+    enum { G = 2000 };
+    uint8_t *p = malloc(G * 16), *s = malloc(G), *p2 = malloc(G * 16), *s2 = malloc(G);
+    float *x = malloc(G * 32 * sizeof *x);
+    for (int g = 0; g < G; g++) {
+        /* canonical: scale 0..252 (incl. subnormal results) and some |value| 4 or 6 */
+        s[g] = (uint8_t)(g < 4 ? g : g < 8 ? 252 - (g - 4) : (int)(rnd() % 253));
+        for (int i = 0; i < 16; i++)
+            p[g * 16 + i] = (uint8_t)rnd();
+        int k = (int)(rnd() % 32);
+        uint8_t top = (uint8_t)(6 + (rnd() & 1) + (rnd() & 8));
+        p[g * 16 + k / 2] = (k & 1) ? (uint8_t)((p[g * 16 + k / 2] & 0x0f) | (top << 4))
+                                    : (uint8_t)((p[g * 16 + k / 2] & 0xf0) | top);
+    }
+    k3_mx_dequantize(p, s, G * 32, x);
+    k3_mx_quantize(x, G * 32, p2, s2);
+    CHECK(!memcmp(s, s2, G));
+    CHECK(!memcmp(p, p2, G * 16));
+    free(p), free(s), free(p2), free(s2), free(x);
+}
+
+/* ---- products: every path against the scalar contract -------------------- */
+
+/* Random bf16 with the hostile cases mixed in: subnormals, -0, zeros. */
+static uint16_t rnd_bf16(void)
+{
+    switch (rnd() % 16) {
+    case 0: return (uint16_t)(rnd() & 0x807f);                      /* subnormal or +-0 */
+    case 1: return 0x8000;                                           /* -0 */
+    default: return k3_f32_to_bf16(rnd_float());
+    }
+}
+
+static void fill_x(float *x, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        switch (rnd() % 32) {
+        case 0: x[i] = -0.0f; break;
+        case 1: x[i] = from_bits((uint32_t)rnd() & 0x807fffffu); break; /* subnormal */
+        case 2: x[i] = rnd_float() * 1e30f; break;
+        default: x[i] = rnd_float();
+        }
+    }
+}
+
+/* Compare a path with scalar on W (rows x cols) for T vectors; returns 0 if equal. */
+static int bf16_case(const char *isa, uint64_t rows, uint64_t cols, uint32_t T)
+{
+    uint16_t *W = malloc(rows * cols * sizeof *W + 2);
+    float *X = malloc((uint64_t)T * cols * sizeof *X + 4);
+    float *Y0 = malloc((uint64_t)T * rows * sizeof *Y0 + 4), *Y1 = malloc((uint64_t)T * rows * sizeof *Y1 + 4);
+    for (uint64_t i = 0; i < rows * cols; i++)
+        W[i] = rnd_bf16();
+    fill_x(X, (uint64_t)T * cols);
+    k3_kern_path_scalar.gemm_bf16_rows(W, rows, cols, X, T, Y0, 0, rows);
+    memset(Y1, 0xff, (uint64_t)T * rows * sizeof *Y1);
+    k3_kern_path_find(isa)->gemm_bf16_rows(W, rows, cols, X, T, Y1, 0, rows);
+    long d = first_diff(Y0, Y1, (uint64_t)T * rows);
+    if (d >= 0)
+        k3t_fail(__FILE__, __LINE__, "%s bf16 %llux%llu T=%u: Y[%ld] %a != scalar %a", isa,
+                 (unsigned long long)rows, (unsigned long long)cols, T, d, Y1[d], Y0[d]);
+    free(W), free(X), free(Y0), free(Y1);
+    return d >= 0;
+}
+
+static void mx_fill(uint8_t *p, uint8_t *s, uint64_t rows, uint64_t cols)
+{
+    for (uint64_t i = 0; i < rows * cols / 2; i++)
+        p[i] = (uint8_t)rnd();
+    for (uint64_t i = 0; i < rows * cols / 32; i++) {
+        switch (rnd() % 16) {
+        case 0: s[i] = 0; break;
+        case 1: s[i] = 255; break;
+        case 2: s[i] = (uint8_t)(rnd() % 256); break;
+        default: s[i] = (uint8_t)(120 + rnd() % 10);
+        }
+    }
+}
+
+static int mx_case(const char *isa, uint64_t rows, uint64_t cols, uint32_t T)
+{
+    uint8_t *p = malloc(rows * cols / 2 + 1), *s = malloc(rows * cols / 32 + 1);
+    float *X = malloc((uint64_t)T * cols * sizeof *X + 4);
+    float *Y0 = malloc((uint64_t)T * rows * sizeof *Y0 + 4), *Y1 = malloc((uint64_t)T * rows * sizeof *Y1 + 4);
+    mx_fill(p, s, rows, cols);
+    fill_x(X, (uint64_t)T * cols);
+    k3_kern_path_scalar.gemm_mx_rows(p, s, rows, cols, X, T, Y0, 0, rows);
+    memset(Y1, 0xff, (uint64_t)T * rows * sizeof *Y1);
+    k3_kern_path_find(isa)->gemm_mx_rows(p, s, rows, cols, X, T, Y1, 0, rows);
+    long d = first_diff(Y0, Y1, (uint64_t)T * rows);
+    if (d >= 0)
+        k3t_fail(__FILE__, __LINE__, "%s mx %llux%llu T=%u: Y[%ld] %a != scalar %a", isa,
+                 (unsigned long long)rows, (unsigned long long)cols, T, d, Y1[d], Y0[d]);
+    free(p), free(s), free(X), free(Y0), free(Y1);
+    return d >= 0;
+}
+
+static void every_path_matches_scalar(int mx)
+{
+    static const uint32_t Ts[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 64};
+    int ran = 0;
+    for (size_t k = 0; k < sizeof isas / sizeof *isas; k++) {
+        if (!k3_kern_supported(isas[k]))
+            continue;
+        ran++;
+        for (int rep = 0; rep < 60; rep++) {
+            uint64_t rows = 1 + rnd() % 13;
+            uint64_t cols = mx ? 32 * (1 + rnd() % 9) : 1 + rnd() % 200;
+            if (rep < 3)
+                cols = mx ? 32 : (uint64_t)rep + 1;
+            if (rep == 3)
+                cols = mx ? 32 * 112 : 7168 + 5;
+            uint32_t T = Ts[rnd() % (sizeof Ts / sizeof *Ts)];
+            if ((mx ? mx_case : bf16_case)(isas[k], rows, cols, T))
+                return;
+        }
+    }
+    CHECK(ran > 0 || !k3_kern_supported("avx2"));
+}
+
+K3_TEST(kern_bf16_every_path_bit_identical_to_scalar)
+{
+    every_path_matches_scalar(0);
+}
+
+K3_TEST(kern_mx_every_path_bit_identical_to_scalar)
+{
+    every_path_matches_scalar(1);
+}
+
+K3_TEST(kern_mx_avx512_shuffle_decode_bit_identical_to_scalar)
+{
+    if (!k3_kern_supported("avx512"))
+        return;
+    setenv("K3_MX_DECODE", "shuf", 1);
+    for (int rep = 0; rep < 40; rep++)
+        if (mx_case("avx512", 1 + rnd() % 11, 32 * (1 + rnd() % 7), (uint32_t)(1 + rnd() % 9)))
+            return;
+}
+
+/* The scalar contract itself against an independent double-precision dot
+ * product from dequantized / widened weights: close, and a decoder with the
+ * nibbles swapped is not. */
+K3_TEST(kern_mx_product_uses_low_nibble_for_even_element)
+{
+    enum { R = 8, C = 256, T = 3 };
+    uint8_t p[R * C / 2], s[R * C / 32];
+    float X[T * C], Y[T * R], deq[R * C];
+    for (int i = 0; i < R * C / 2; i++)
+        p[i] = (uint8_t)rnd();
+    for (int i = 0; i < R * C / 32; i++)
+        s[i] = (uint8_t)(124 + rnd() % 6);
+    for (int i = 0; i < T * C; i++)
+        X[i] = rnd_float();
+    k3_mx_dequantize(p, s, R * C, deq);
+    for (size_t k = 0; k < 3; k++) {
+        const char *isa = k == 0 ? "scalar" : isas[k - 1];
+        if (!k3_kern_supported(isa))
+            continue;
+        CHECK_EQ_INT(k3_kern_use(isa), 0);
+        k3_gemm_mx_st(p, s, R, C, X, T, Y);
+        double worst_ok = 0, best_swapped = INFINITY;
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++) {
+                double d = 0, dsw = 0, mag = 0;
+                for (int c = 0; c < C; c++) {
+                    uint8_t b = p[(r * C + c) / 2];
+                    uint8_t swapped = (c & 1) ? (uint8_t)(b & 15) : (uint8_t)(b >> 4);
+                    double wsw = (double)k3_e2m1_value(swapped) * k3_e8m0_scale(s[(r * C + c) / 32]);
+                    d += (double)deq[r * C + c] * X[t * C + c];
+                    dsw += wsw * X[t * C + c];
+                    mag += fabs((double)deq[r * C + c] * X[t * C + c]);
+                }
+                double y = Y[t * R + r];
+                worst_ok = fmax(worst_ok, fabs(y - d) / mag);
+                best_swapped = fmin(best_swapped, fabs(y - dsw) / mag);
+            }
+        if (!(worst_ok < 1e-6))
+            k3t_fail(__FILE__, __LINE__, "%s: relative error %g against double", isa, worst_ok);
+        if (!(best_swapped > 1e-3))
+            k3t_fail(__FILE__, __LINE__, "%s: swapped-nibble decode is as close (%g)", isa, best_swapped);
+    }
+}
+
+K3_TEST(kern_bf16_product_close_to_double)
+{
+    enum { R = 9, C = 1000, T = 5 };
+    static uint16_t W[R * C];
+    static float X[T * C], Y[T * R];
+    for (int i = 0; i < R * C; i++)
+        W[i] = k3_f32_to_bf16(rnd_float());
+    for (int i = 0; i < T * C; i++)
+        X[i] = rnd_float();
+    k3_gemm_bf16(W, R, C, X, T, Y);
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < R; r++) {
+            double d = 0, mag = 0;
+            for (int c = 0; c < C; c++) {
+                d += (double)k3_bf16_to_f32(W[r * C + c]) * X[t * C + c];
+                mag += fabs((double)k3_bf16_to_f32(W[r * C + c]) * X[t * C + c]);
+            }
+            if (fabs(Y[t * R + r] - d) > 1e-6 * mag)
+                k3t_fail(__FILE__, __LINE__, "row %d t %d: %g vs %g", r, t, Y[t * R + r], d);
+        }
+}
+
+/* Scale 255 contributes nothing even when X is inf or NaN there; a scale-0
+ * group contributes its subnormal products; -0 weights keep their sign. */
+K3_TEST(kern_mx_scale_255_skips_group_even_against_inf)
+{
+    enum { C = 96 };
+    uint8_t p[C / 2], s[3] = {127, 255, 0};
+    float X[C], Y[3][1];
+    for (int i = 0; i < C / 2; i++)
+        p[i] = 0x22;                                                 /* 1.0, 1.0 */
+    for (int i = 0; i < C; i++)
+        X[i] = 1.0f;
+    X[40] = INFINITY;
+    X[41] = NAN;
+    for (size_t k = 0; k < 3; k++) {
+        const char *isa = k == 0 ? "scalar" : isas[k - 1];
+        if (!k3_kern_supported(isa))
+            continue;
+        k3_kern_path_find(isa)->gemm_mx_rows(p, s, 1, C, X, 1, Y[k], 0, 1);
+        CHECK(Y[k][0] == 32.0f + 32 * 0x1p-127f);
+    }
+    /* all -0 weights against +x: every lane stays +0 (+0 + -0); against -0
+     * activations with an all -0 start the result is still +0 */
+    memset(p, 0x88, sizeof p);
+    s[1] = 127;
+    for (size_t k = 0; k < 3; k++) {
+        const char *isa = k == 0 ? "scalar" : isas[k - 1];
+        if (!k3_kern_supported(isa))
+            continue;
+        for (int i = 0; i < C; i++)
+            X[i] = 1.0f;
+        k3_kern_path_find(isa)->gemm_mx_rows(p, s, 1, C, X, 1, Y[k], 0, 1);
+        CHECK_EQ_INT(bits(Y[k][0]), 0);
+    }
+}
+
+/* A lane can become -0 (a tiny negative product rounds to -0 in fmaf); the
+ * next -0 weight must then keep it -0, which a +0 decode of nibble 8 would
+ * not. This pins the sign of zero through every path. */
+K3_TEST(kern_negative_zero_lanes_survive_every_path)
+{
+    enum { C = 64 };
+    uint8_t p[C / 2], s[2] = {0, 0};
+    uint16_t W[C];
+    float X[C], Y0, Y1;
+    memset(p, 0x99, 16);                                             /* group 0: -0.5 */
+    memset(p + 16, 0x88, 16);                                        /* group 1: -0 */
+    for (int i = 0; i < C; i++)
+        X[i] = 0x1p-100f;                                            /* products underflow */
+    for (int i = 0; i < C; i++)
+        W[i] = i < 32 ? k3_f32_to_bf16(-0x1p-100f) : 0x8000;
+    k3_kern_path_scalar.gemm_mx_rows(p, s, 1, C, X, 1, &Y0, 0, 1);
+    CHECK(Y0 == 0.0f && signbit(Y0));                                /* -0 reached the output */
+    for (size_t k = 0; k < 2; k++) {
+        if (!k3_kern_supported(isas[k]))
+            continue;
+        k3_kern_path_find(isas[k])->gemm_mx_rows(p, s, 1, C, X, 1, &Y1, 0, 1);
+        CHECK_EQ_INT(bits(Y1), bits(Y0));
+    }
+    k3_kern_path_scalar.gemm_bf16_rows(W, 1, C - 3, X, 1, &Y0, 0, 1);
+    CHECK(Y0 == 0.0f && signbit(Y0));
+    for (size_t k = 0; k < 2; k++) {
+        if (!k3_kern_supported(isas[k]))
+            continue;
+        k3_kern_path_find(isas[k])->gemm_bf16_rows(W, 1, C - 3, X, 1, &Y1, 0, 1);
+        CHECK_EQ_INT(bits(Y1), bits(Y0));
+    }
+}
+
+/* ---- threads and dispatch ------------------------------------------------- */
+
+K3_TEST(kern_results_identical_for_every_thread_count)
+{
+    enum { R = 301, C = 544, T = 5 };
+    uint16_t *W = malloc(R * C * sizeof *W);
+    uint8_t *p = malloc(R * C / 2), *s = malloc(R * C / 32);
+    float *X = malloc(T * C * sizeof *X), *Y0 = malloc(T * R * 4), *Y1 = malloc(T * R * 4);
+    float *M0 = malloc(T * R * 4), *M1 = malloc(T * R * 4);
+    for (int i = 0; i < R * C; i++)
+        W[i] = rnd_bf16();
+    mx_fill(p, s, R, C);
+    fill_x(X, T * C);
+    k3_gemm_bf16_st(W, R, C, X, T, Y0);
+    k3_gemm_mx_st(p, s, R, C, X, T, M0);
+    for (int n = 1; n <= 5; n++) {
+        omp_set_num_threads(n);
+        k3_gemm_bf16(W, R, C, X, T, Y1);
+        k3_gemm_mx(p, s, R, C, X, T, M1);
+        CHECK_EQ_INT(first_diff(Y0, Y1, T * R), -1);
+        CHECK_EQ_INT(first_diff(M0, M1, T * R), -1);
+    }
+    /* called from inside a parallel region: runs on the caller, same bits */
+    omp_set_num_threads(2);
+    int bad = 0;
+#pragma omp parallel reduction(+ : bad)
+    {
+        float *Yt = malloc(T * R * 4);
+        k3_gemm_bf16(W, R, C, X, T, Yt);
+        bad += first_diff(Y0, Yt, T * R) != -1;
+        k3_gemm_mx(p, s, R, C, X, T, Yt);
+        bad += first_diff(M0, Yt, T * R) != -1;
+        free(Yt);
+    }
+    CHECK_EQ_INT(bad, 0);
+    free(W), free(p), free(s), free(X), free(Y0), free(Y1), free(M0), free(M1);
+}
+
+K3_TEST(kern_isa_forced_by_environment)
+{
+    setenv("K3_ISA", "scalar", 1);
+    CHECK_STR_EQ(k3_kern_name(), "scalar (K3_ISA)");
+    CHECK_EQ_INT(k3_kern_use("nonsense"), K3_EARG);
+    CHECK_STR_EQ(k3_kern_name(), "scalar (K3_ISA)");
+    CHECK_EQ_INT(k3_kern_use("scalar"), 0);
+    CHECK_STR_EQ(k3_kern_name(), "scalar");
+}
+
+K3_TEST(kern_isa_unknown_forced_name_falls_back_and_says_so)
+{
+    setenv("K3_ISA", "neon", 1);
+    CHECK_STR_CONTAINS(k3_kern_name(), "(K3_ISA=neon unavailable)");
+    /* the fallback is the best path this CPU has */
+    const char *best = k3_kern_supported("avx512") ? "avx512 " : k3_kern_supported("avx2") ? "avx2 " : "scalar ";
+    CHECK(!strncmp(k3_kern_name(), best, strlen(best)));
+}
