@@ -9,6 +9,9 @@
 #   make fuzz-build   only build the fuzz binaries (fuzz-out/bin/fz_<name>)
 #   make fuzz-regress replay fuzz/corpus/*/ through every target in the normal
 #        build (the same tests run as part of `make test` and `make asan`).
+#   make fuzz-pending replay fuzz/pending/*/: inputs of known bugs not fixed yet
+#        (fuzz/pending/README.md); expected to fail until they are, then the
+#        input moves to fuzz/corpus/<name>/.
 #
 # A target is built only once the parser it exercises exists (FUZZ_NEEDS_*),
 # so this folder never breaks the build of a tree that lacks a module.
@@ -39,7 +42,7 @@ FUZZ_BIN = fuzz-out/bin
 FUZZ_CC ?= clang
 FUZZ_SAN = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 
-.PHONY: fuzz fuzz-build fuzz-bins fuzz-regress fuzz-clean
+.PHONY: fuzz fuzz-build fuzz-bins fuzz-regress fuzz-pending fuzz-clean
 
 fuzz-build:
 	$(MAKE) O=$(FUZZ_O) BIN=$(FUZZ_BIN) CC=$(FUZZ_CC) OPT=-O1 \
@@ -57,6 +60,9 @@ fuzz: fuzz-build
 
 fuzz-regress: all
 	K3_BIN=$(BIN) ./$(TEST_BIN) fuzz_
+
+fuzz-pending: all
+	K3_BIN=$(BIN) K3_FUZZ_CORPUS=fuzz/pending ./$(TEST_BIN) fuzz_
 
 fuzz-clean:
 	rm -rf fuzz-out
