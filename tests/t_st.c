@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- helpers -------------------------------------------------------------- */
@@ -274,6 +275,24 @@ K3_TEST(st_opens_multi_shard_dir_with_index)
     write_three_shards(dir);
     write_index(dir, NULL, NULL);
     check_three_shards(dir, 0);
+}
+
+/* The Hugging Face cache layout: the snapshot holds symlinks to blobs. */
+K3_TEST(st_opens_a_snapshot_of_symlinked_shards)
+{
+    const char *root = k3t_tmpdir();
+    char blobs[4096], snap[4096];
+    snprintf(blobs, sizeof blobs, "%s/blobs", root);
+    snprintf(snap, sizeof snap, "%s/snap", root);
+    CHECK_EQ_INT(mkdir(blobs, 0755), 0);
+    CHECK_EQ_INT(mkdir(snap, 0755), 0);
+    write_three_shards(blobs);
+    write_index(blobs, NULL, NULL);
+    const char *names[] = {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                           "model-00003-of-00003.safetensors", "model.safetensors.index.json"};
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ_INT(symlink(pathf("../blobs/%s", names[i]), pathf("%s/%s", snap, names[i])), 0);
+    check_three_shards(snap, 0);
 }
 
 K3_TEST(st_opens_with_o_direct_and_reads_the_same_bytes)
