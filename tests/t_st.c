@@ -439,6 +439,37 @@ K3_TEST(st_decodes_escaped_and_unicode_names)
     k3_st_close(st);
 }
 
+/* The string scanner looks at eight bytes at a time: put each kind of
+ * special byte at every position of a long name. */
+K3_TEST(st_names_decode_the_same_whatever_the_position_of_special_bytes)
+{
+    const char *kinds[] = {"\\\"", "\\\\", "\xc3\xa9", "\\u00e9", "\x01", "\xff", "\x7f"};
+    const char *decoded[] = {"\"", "\\", "\xc3\xa9", "\xc3\xa9", NULL, NULL, "\x7f"};
+    for (int k = 0; k < 7; k++)
+        for (int pos = 0; pos < 24; pos++) {
+            char name[64], want[64], hdr[256];
+            snprintf(name, sizeof name, "%.*s%s%.*s", pos, "abcdefghijklmnopqrstuvwxyz", kinds[k], 24 - pos,
+                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ");
+            sprintf(hdr, "{\"%s\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", name);
+            k3_st_header h;
+            k3_err e = {0};
+            int rc = k3_st_header_parse(&h, "mem", (const uint8_t *)hdr, strlen(hdr), 8 + strlen(hdr) + 4, &e);
+            if (!decoded[k]) {
+                CHECK_EQ_INT(rc, K3_EFORMAT);
+                CHECK_STR_CONTAINS(e.msg, k == 4 ? "control byte 0x01" : "not valid UTF-8: byte 0xff");
+                char at[32];
+                snprintf(at, sizeof at, "byte %d:", 8 + 2 + pos);
+                CHECK_STR_CONTAINS(e.msg, at);
+                continue;
+            }
+            CHECK_EQ_INT(rc, 0);
+            snprintf(want, sizeof want, "%.*s%s%.*s", pos, "abcdefghijklmnopqrstuvwxyz", decoded[k], 24 - pos,
+                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ");
+            CHECK_STR_EQ(h.tensors[0].name, want);
+            k3_st_header_free(&h);
+        }
+}
+
 K3_TEST(st_header_parse_works_on_memory_and_header_read_on_an_fd)
 {
     const char *hdr = "{\"x\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
