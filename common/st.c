@@ -487,7 +487,12 @@ trailer:
     }
 
     /* the tensors must tile [0, data_size) exactly */
-    qsort(h->tensors, used, sizeof *h->tensors, cmp_offset);
+    /* writers usually list tensors in data order: sort only if needed */
+    uint64_t sorted = 1;
+    while (sorted < used && cmp_offset(&h->tensors[sorted - 1], &h->tensors[sorted]) <= 0)
+        sorted++;
+    if (sorted < used)
+        qsort(h->tensors, used, sizeof *h->tensors, cmp_offset);
     uint64_t expect = 0;
     for (uint64_t i = 0; i < used; i++) {
         k3_st_tensor *t = &h->tensors[i];

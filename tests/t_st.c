@@ -426,6 +426,28 @@ K3_TEST(st_accepts_empty_header_scalars_and_zero_size_tensors)
     k3_st_close(st);
 }
 
+K3_TEST(st_accepts_tensors_listed_out_of_data_order_and_sorts_them)
+{
+    const char *path = pathf("%s/rev.safetensors", k3t_tmpdir());
+    write_bad(path, "{\"c\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[5,8]},"
+                    "\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+                    "\"b\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[2,5]}}", 8);
+    k3_st *st;
+    k3_err e = {0};
+    CHECK_EQ_INT(k3_st_open(&st, path, 0, &e), 0);
+    CHECK_STR_EQ(k3_st_tensor_at(st, 0)->name, "a");
+    CHECK_STR_EQ(k3_st_tensor_at(st, 1)->name, "b");
+    CHECK_STR_EQ(k3_st_tensor_at(st, 2)->name, "c");
+    CHECK_EQ_U64(k3_st_find(st, "c")->offset, k3_st_shard_data_start(st, 0) + 5);
+    k3_st_close(st);
+    /* and a hole is still found when the order is scrambled */
+    write_bad(path, "{\"c\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[5,8]},"
+                    "\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+                    "\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}", 8);
+    CHECK_EQ_INT(k3_st_open(&st, path, 0, &e), K3_EFORMAT);
+    CHECK_STR_CONTAINS(e.msg, "tensor \"c\": hole in the data: bytes [4, 5) belong to no tensor");
+}
+
 K3_TEST(st_decodes_escaped_and_unicode_names)
 {
     const char *path = pathf("%s/u.safetensors", k3t_tmpdir());
