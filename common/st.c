@@ -16,6 +16,10 @@
  *   power-of-two sized, at most half full, a word-at-a-time hash).
  * - With an index file, the index and the shards agree exactly (same tensor
  *   set, same tensor -> shard map, no unreferenced shard file in the folder).
+ * - k3_st_open parses the index and the headers on worker threads that touch
+ *   only their own shard slot and error record; everything after (merging,
+ *   the table, cross-checks, the choice of error) runs on the caller's thread
+ *   in a fixed order, so results never depend on timing.
  */
 #include "k3_st.h"
 
