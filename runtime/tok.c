@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "k3_io.h"
+#include "k3_unicode_tables.h"
 #include "tok_int.h"
 
 struct special {
@@ -492,8 +493,10 @@ static int load_config(k3_tok *tok, const char *path, k3_err *e)
         tok->special_of_id[tok->specials[i].id - tok->n_ranks] = (int32_t)i;
         if (i && tok->specials[i].len == tok->specials[i - 1].len &&
             memcmp(tok->specials[i].s, tok->specials[i - 1].s, tok->specials[i].len) == 0) {
-            rc = k3_err_set(e, K3_EFORMAT, "%s: added tokens %u and %u have the same content \"%.40s\"", path,
-                            tok->specials[i - 1].id, tok->specials[i].id, (const char *)tok->specials[i].s);
+            rc = k3_err_set(e, K3_EFORMAT, "%s: added tokens %u and %u have the same content \"%.*s\"", path,
+                            tok->specials[i - 1].id, tok->specials[i].id,
+                            (int)(tok->specials[i].len < 40 ? tok->specials[i].len : 40),
+                            (const char *)tok->specials[i].s);
             goto out;
         }
     }
@@ -840,27 +843,82 @@ static const struct special *find_special(const k3_tok *tok, const uint8_t *s, u
     return NULL;
 }
 
-int k3_tok_encode(const k3_tok *tok, const char *text, uint64_t len, int allow_special, uint32_t **ids,
+/* s[0..len) as tiktoken's encode does: specials (if allowed) between
+ * ordinarily encoded stretches. */
+static int encode_slice(const k3_tok *tok, const uint8_t *s, uint64_t len, int allow_special, struct enc *en,
+                        k3_err *e)
+{
+    uint64_t pos = 0;
+    int rc = 0;
+    while (rc == 0 && pos < len) {
+        uint64_t at = len;
+        const struct special *sp = allow_special && tok->n_special ? find_special(tok, s, len, pos, &at) : NULL;
+        rc = encode_ordinary(tok, s + pos, at - pos, en, e);
+        if (rc == 0 && sp) {
+            rc = enc_reserve(en, 1, e);
+            if (rc == 0)
+                en->ids[en->n++] = sp->id;
+            at += sp->len;
+        }
+        pos = at;
+    }
+    return rc;
+}
+
+#define KIMI_WINDOW_CHARS 400000u
+#define KIMI_RUN_CHARS    25000u
+
+/* Kimi's wrapper: windows of KIMI_WINDOW_CHARS characters; inside each, a
+ * slice ends before the character that would make the current run of
+ * all-space or all-non-space characters longer than KIMI_RUN_CHARS. An
+ * invalid byte is one non-space character (as its U+FFFD would be). */
+static int encode_kimi_slices(const k3_tok *tok, const uint8_t *s, uint64_t len, int allow_special,
+                              struct enc *en, k3_err *e)
+{
+    uint64_t start = 0, i = 0, window = 0, run = 0;
+    int cur = -1, rc = 0;
+    while (rc == 0 && i < len) {
+        if (window == KIMI_WINDOW_CHARS) {
+            rc = encode_slice(tok, s + start, i - start, allow_special, en, e);
+            start = i;
+            window = 0;
+            cur = -1;
+            continue;
+        }
+        uint32_t cp;
+        unsigned l = k3_tok_utf8_next(s, len, i, &cp);
+        int space = (k3_tok_class(cp) & K3_UC_PYSPACE) != 0;
+        if (cur != space) {
+            cur = space;
+            run = 1;
+        } else if (++run > KIMI_RUN_CHARS) {
+            rc = encode_slice(tok, s + start, i - start, allow_special, en, e);
+            start = i;
+            run = 1;
+        }
+        window++;
+        i += l;
+    }
+    if (rc == 0)
+        rc = encode_slice(tok, s + start, len - start, allow_special, en, e);
+    return rc;
+}
+
+int k3_tok_encode(const k3_tok *tok, const char *text, uint64_t len, unsigned flags, uint32_t **ids,
                   uint64_t *n, k3_err *e)
 {
     *ids = NULL;
     *n = 0;
     const uint8_t *s = (const uint8_t *)text;
     struct enc en = {0};
-    int rc = enc_reserve(&en, len / 3 + 16, e);
-    uint64_t pos = 0;
-    while (rc == 0 && pos < len) {
-        uint64_t at = len;
-        const struct special *sp = allow_special && tok->n_special ? find_special(tok, s, len, pos, &at) : NULL;
-        rc = encode_ordinary(tok, s + pos, at - pos, &en, e);
-        if (rc == 0 && sp) {
-            rc = enc_reserve(&en, 1, e);
-            if (rc == 0)
-                en.ids[en.n++] = sp->id;
-            at += sp->len;
-        }
-        pos = at;
-    }
+    int allow = (flags & K3_TOK_ALLOW_SPECIAL) != 0;
+    /* about one id per 3-4 bytes of text; grown by doubling past 1M ids */
+    int rc = enc_reserve(&en, len / 3 < (1u << 20) ? len / 3 + 16 : (1u << 20), e);
+    if (rc == 0 && (flags & ~(K3_TOK_ALLOW_SPECIAL | K3_TOK_KIMI_SLICES)))
+        rc = k3_err_set(e, K3_EARG, "tokenizer: unknown encode flags 0x%x", flags);
+    if (rc == 0)
+        rc = (flags & K3_TOK_KIMI_SLICES) ? encode_kimi_slices(tok, s, len, allow, &en, e)
+                                          : encode_slice(tok, s, len, allow, &en, e);
     free(en.scratch);
     if (rc) {
         free(en.ids);
