@@ -279,3 +279,18 @@ K3_TEST(run_refuses_corrupted_or_unreadable_packed_data)
     CHECK_EQ_INT(count_lines(err), 1);
     free(err);
 }
+
+K3_TEST(run_json_is_valid_utf8_json_whatever_the_bytes)
+{
+    const char *ck = tiny(), *tmp = k3t_tmpdir();
+    /* random weights produce stray bytes (partial UTF-8, controls) */
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-run %s --prompt 'x' --gen 48 --temperature 2 --seed 3 --json > %s/o.json", ck,
+                          tmp), 0);
+    char *out = NULL;
+    int rc = k3t_runf(&out, NULL, "/usr/bin/python3 -c \"import json,sys; d=json.loads(open(sys.argv[1],'rb')"
+                      ".read().decode('utf-8')); print(len(d['generated_ids']), type(d['text']).__name__, "
+                      "sorted(d['timings']))\" %s/o.json", tmp);
+    CHECK_EQ_INT(rc, 0);
+    CHECK_STR_CONTAINS(out, "48 str ['decode_s', 'decode_tokens_per_s', 'load_s', 'prompt_s', 'prompt_tokens_per_s']");
+    free(out);
+}
