@@ -85,6 +85,14 @@ K3_TEST(run_reports_missing_model_and_bad_ids)
     CHECK_STR_CONTAINS(err, "k3-run: error: ");
     free(err);
     const char *ck = tiny();
+    /* a packed model whose manifest is missing is incomplete, not "some directory" */
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-convert %s %s/pk && rm %s/pk/manifest.json", ck, k3t_tmpdir(), k3t_tmpdir()), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s/pk --ids 1,2", k3t_tmpdir()), 4);
+    CHECK_STR_CONTAINS(err, "no manifest.json");
+    CHECK_EQ_INT(count_lines(err), 1);
+    free(err);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s/config.json --ids 1,2", ck), 2);
+    free(err);
     CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s --ids 1,592", ck), 2);
     CHECK_STR_CONTAINS(err, "out of range");
     free(err);
