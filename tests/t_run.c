@@ -302,3 +302,16 @@ K3_TEST(run_json_is_valid_utf8_json_whatever_the_bytes)
     CHECK_STR_CONTAINS(out, "48 str ['decode_s', 'decode_tokens_per_s', 'load_s', 'prompt_s', 'prompt_tokens_per_s']");
     free(out);
 }
+
+/* The kernels promise the same bits on every exact ISA path; the whole model
+ * must then too (avx512bf16 rounds activations and is excluded: opt-in). */
+K3_TEST(run_exact_isa_paths_give_the_same_logits)
+{
+    const char *ck = tiny(), *tmp = k3t_tmpdir();
+    static const char *isa[3] = {"scalar", "avx2", "avx512"};
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_ISA=%s k3-run %s --ids 1,2,3,4,5,6,7 --gen 0 --logits-all %s/%s.bin",
+                              isa[i], ck, tmp, isa[i]), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "cmp -s %s/scalar.bin %s/avx2.bin && cmp -s %s/scalar.bin %s/avx512.bin", tmp,
+                          tmp, tmp, tmp), 0);
+}
