@@ -117,6 +117,24 @@ static int utf8_len(const uint8_t *p, const uint8_t *end)
     return n;
 }
 
+int k3_jc_utf8_valid(const uint8_t *text, size_t n, size_t *bad)
+{
+    const uint8_t *p = text, *end = text + n;
+    while (p < end) {
+        if (*p < 0x80) {
+            p++;
+            continue;
+        }
+        int k = utf8_len(p, end);
+        if (!k) {
+            *bad = (size_t)(p - text);
+            return 0;
+        }
+        p += k;
+    }
+    return 1;
+}
+
 static size_t put_utf8(uint8_t *o, uint32_t cp)
 {
     if (cp < 0x80) {

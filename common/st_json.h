@@ -52,6 +52,8 @@ const char *k3_jc_kind(const k3_jc *j);
 int k3_jc_string(k3_jc *j, char *out, size_t cap, size_t *len, const char *what);
 /* A non-negative integer <= 2^53, no fraction or exponent. */
 int k3_jc_uint(k3_jc *j, uint64_t *v, const char *what);
+/* 1 if text[0..n) is valid UTF-8; else 0 and *bad is the offending offset. */
+int k3_jc_utf8_valid(const uint8_t *text, size_t n, size_t *bad);
 /* Skip any JSON value, at most K3_JC_MAX_DEPTH levels deep. */
 int k3_jc_skip(k3_jc *j);
 
