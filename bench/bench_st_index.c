@@ -293,12 +293,12 @@ static void big_header(void)
         int k = snprintf(entry, sizeof entry,
                          ",\"language_model.model.layers.%u.block_sparse_moe.experts.%u.w1.weight_packed\":"
                          "{\"dtype\":\"U8\",\"shape\":[3072,1792],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
-                         n / 5376, n % 5376, off, off + 3072ull * 1792);
+                         n / 5376, n % 5376, off, off + (uint64_t)3072 * 1792);
         if (len + (size_t)k + 1 > cap)
             break;
         memcpy(h + len, entry, (size_t)k);
         len += (size_t)k;
-        off += 3072ull * 1792;
+        off += (uint64_t)3072 * 1792;
     }
     h[len++] = '}';
     double best = 1e9, best_cjson = 1e9;

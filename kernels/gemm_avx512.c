@@ -70,8 +70,17 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
     for (int j = 0; j < TB; j++)
         x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;
 
+    /* the next block of R rows (contiguous) is fetched while this one runs:
+     * R lines of it per 32 columns, on the first pass over these rows only */
+    const char *pf = NULL;
+    if (t0 == 0 && R >= 2 && r + 2 * (uint64_t)R <= rows)
+        pf = (const char *)(W + (r + (uint64_t)R) * cols);
     uint64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
+        if (pf)
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++)
+                _mm_prefetch(pf + (c / 32 * (uint64_t)R + (uint64_t)i) * 64, _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
             __m512 w0 = bf16x16(w[i] + c), w1 = bf16x16(w[i] + c + 16);
@@ -194,7 +203,18 @@ AI void mx_decode_shuf(const uint8_t *p, __m512 tab, __m512 *w0, __m512 *w1)
             acc[i][j][0] = acc[i][j][1] = _mm512_setzero_ps();                            \
     _Pragma("GCC unroll 4") for (int j = 0; j < TB; j++)                                  \
         x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;                                   \
+    const char *pf = NULL;                                                                \
+    if (t0 == 0 && R >= 2 && r + 2 * (uint64_t)R <= rows)                                 \
+        pf = (const char *)(packed + (r + (uint64_t)R) * (cols / 2));                     \
     for (uint64_t g = 0; g < groups; g++) {                                               \
+        /* next R rows: R*16 bytes per group; their scales at the start */                \
+        if (pf) {                                                                         \
+            if ((g * (uint64_t)R * 16) % 64 == 0)                                         \
+                _mm_prefetch(pf + g * (uint64_t)R * 16, _MM_HINT_T0);                     \
+            if (g * 64 < (uint64_t)R * groups)                                            \
+                _mm_prefetch((const char *)(scales + (r + (uint64_t)R) * groups) + g * 64, \
+                             _MM_HINT_T0);                                                \
+        }                                                                                 \
         _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) {                             \
             uint8_t s = scales[(r + (uint64_t)i) * groups + g];                           \
             if (s == 255)                                                                 \
@@ -296,8 +316,19 @@ static const struct mx_tiles *mx_tiles_pick(void)
 #define MX_T1_MAX_COLS 8192
 
 AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
-                   const float *xp, float *Y, uint64_t r, const int R)
+                   const float *xp, float *Y, uint64_t r, uint64_t r_end, const int R)
 {
+    /* Rows are only cols/2 bytes long, so four interleaved short streams
+     * defeat the hardware prefetchers: fetch the next block of R rows (R
+     * lines of packed bytes per group here when R = 4, its scales in the first
+     * groups) while this one is decoded. */
+    const char *pf_p = NULL, *pf_s = NULL;
+    uint64_t pf_s_bytes = 0;
+    if (R == 4 && r + 2 * (uint64_t)R <= r_end) {
+        pf_p = (const char *)(packed + (r + (uint64_t)R) * (cols / 2));
+        pf_s = (const char *)(scales + (r + (uint64_t)R) * (cols / 32));
+        pf_s_bytes = (uint64_t)R * (cols / 32);
+    }
     const __m512i sh_e = _mm512_set_epi32(24, 24, 24, 24, 16, 16, 16, 16, 8, 8, 8, 8, 0, 0, 0, 0);
     const __m512i sh_o = _mm512_set_epi32(28, 28, 28, 28, 20, 20, 20, 20, 12, 12, 12, 12, 4, 4, 4, 4);
     const __m512i un_lo = _mm512_set_epi32(29, 13, 25, 9, 21, 5, 17, 1, 28, 12, 24, 8, 20, 4, 16, 0);
@@ -312,6 +343,11 @@ AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, 
         sc[i] = scales + (r + (uint64_t)i) * groups;
     }
     for (uint64_t g = 0; g < groups; g++) {
+        if (pf_p) {
+            _mm_prefetch(pf_p + g * 64, _MM_HINT_T0);
+            if (g * 64 < pf_s_bytes)
+                _mm_prefetch(pf_s + g * 64, _MM_HINT_T0);
+        }
         __m512 xe = _mm512_load_ps(xp + g * 32), xo = _mm512_load_ps(xp + g * 32 + 16);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
@@ -334,8 +370,8 @@ AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, 
     }
 }
 
-static void mx_t1_4(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, 4); }
-static void mx_t1_1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, 1); }
+static void mx_t1_4(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 4); }
+static void mx_t1_1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 1); }
 
 /* xp = x with each group of 32 reordered: 16 even elements then 16 odd ones,
  * element 2*(4*(j%4) + j/4) (+1) at position j. */
@@ -360,9 +396,9 @@ static void avx512_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, ui
         _Alignas(64) float xp[MX_T1_MAX_COLS];
         mx_t1_permute_x(X, cols, xp);
         for (; r + 4 <= r1; r += 4)
-            mx_t1_4(packed, scales, rows, cols, xp, Y, r);
+            mx_t1_4(packed, scales, rows, cols, xp, Y, r, r1);
         for (; r < r1; r++)
-            mx_t1_1(packed, scales, rows, cols, xp, Y, r);
+            mx_t1_1(packed, scales, rows, cols, xp, Y, r, r1);
         return;
     }
     if (T == 1) {
