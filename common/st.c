@@ -23,6 +23,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -32,9 +34,7 @@
 #include "st_json.h"
 
 #define INDEX_NAME "model.safetensors.index.json"
-#define MAX_INDEX_BYTES (1ull << 30)
 #define MAX_SHARD_NAME 255u
-#define MAX_TENSORS (1ull << 28)
 #define DIRECT_CHUNK (4u << 20)
 
 /* ---- dtypes --------------------------------------------------------------- */
@@ -407,8 +407,8 @@ int k3_st_header_parse(k3_st_header *h, const char *shard_name, const uint8_t *h
                 goto out;
             }
             if (used == cap) {
-                if (used >= MAX_TENSORS) {
-                    rc = k3_jc_fail(&j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)MAX_TENSORS);
+                if (used >= K3_ST_MAX_TENSORS) {
+                    rc = k3_jc_fail(&j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)K3_ST_MAX_TENSORS);
                     goto out;
                 }
                 cap *= 2;
@@ -443,10 +443,10 @@ int k3_st_header_parse(k3_st_header *h, const char *shard_name, const uint8_t *h
             goto out;
     }
 trailer:
-    /* the format allows padding the header with spaces */
+    /* writers pad the header with spaces; JSON whitespace is accepted */
     k3_jc_ws(&j);
     if (j.p != j.end) {
-        rc = k3_jc_fail(&j, NULL, K3_EFORMAT, "bytes after the header JSON (byte 0x%02x; only space padding is allowed)",
+        rc = k3_jc_fail(&j, NULL, K3_EFORMAT, "bytes after the header JSON (byte 0x%02x; only whitespace padding may follow it)",
                         *j.p);
         goto out;
     }
@@ -703,8 +703,8 @@ static int parse_weight_map(k3_jc *j, index_map *m, ntab *shard_tab)
             return k3_jc_fail(j, vpos, K3_EFORMAT,
                               "shard name \"%.300s\" is not a plain file name ending in .safetensors", sname);
         if (m->count == cap) {
-            if (cap >= MAX_TENSORS)
-                return k3_jc_fail(j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)MAX_TENSORS);
+            if (cap >= K3_ST_MAX_TENSORS)
+                return k3_jc_fail(j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)K3_ST_MAX_TENSORS);
             cap *= 2;
             index_entry *ne = realloc(m->entries, cap * sizeof *ne);
             if (!ne)
@@ -740,7 +740,7 @@ static int parse_weight_map(k3_jc *j, index_map *m, ntab *shard_tab)
 static int index_load(index_map *m, const char *path, k3_err *e)
 {
     uint64_t len;
-    int rc = k3_io_read_file(path, MAX_INDEX_BYTES, &m->text, &len, e);
+    int rc = k3_io_read_file(path, K3_ST_MAX_INDEX, &m->text, &len, e);
     if (rc)
         return rc;
     ntab shard_tab = {0};
@@ -888,53 +888,119 @@ static void free_names(char **v, uint32_t n)
     free(v);
 }
 
-/* Open shard i of st at path and append its tensors. */
-static int add_shard(k3_st *st, uint64_t *cap, const char *path, unsigned flags, k3_err *e)
-{
-    shard *s = &st->shards[st->nshards];
-    memset(s, 0, sizeof *s);
-    s->fd = -1;
-    if (!(s->path = strdup(path)))
-        return k3_err_set(e, K3_ENOMEM, "%s: out of memory", path);
-    const char *slash = strrchr(s->path, '/');
-    s->name = slash ? slash + 1 : s->path;
-    st->nshards++;
-    int fd = k3_io_open_read(path, (flags & K3_ST_DIRECT) != 0, &s->direct, e);
-    if (fd < 0)
-        return fd;
-    s->fd = fd;
-    int rc = k3_io_file_size(fd, &s->size, path, e);
-    if (rc)
-        return rc;
+/* One shard opened and its header parsed: the parallel part of k3_st_open.
+ * On error the fd stays in s (closed with the k3_st). */
+typedef struct shard_load {
     k3_st_header h;
-    if ((rc = k3_st_header_read(&h, fd, path, e)))
-        return rc;
-    s->data_start = h.data_start;
-    s->names = h.names;
-    h.names = NULL;
-    if (st->count + h.count > MAX_TENSORS) {
-        k3_st_header_free(&h);
-        return k3_err_set(e, K3_ELIMIT, "%s: the checkpoint has more than %llu tensors", path,
-                          (unsigned long long)MAX_TENSORS);
+    k3_err err;
+    int rc;
+} shard_load;
+
+static void load_shard(shard *s, shard_load *l, unsigned flags)
+{
+    k3_err_clear(&l->err);
+    int fd = k3_io_open_read(s->path, (flags & K3_ST_DIRECT) != 0, &s->direct, &l->err);
+    if (fd < 0) {
+        l->rc = fd;
+        return;
     }
-    if (st->count + h.count > *cap) {
-        uint64_t nc = *cap ? *cap : 1024;
-        while (nc < st->count + h.count)
-            nc *= 2;
-        k3_st_tensor *nt = realloc(st->tensors, nc * sizeof *nt);
-        if (!nt) {
-            k3_st_header_free(&h);
-            return k3_err_set(e, K3_ENOMEM, "%s: out of memory for %" PRIu64 " tensors", path, nc);
+    s->fd = fd;
+    l->rc = k3_io_file_size(fd, &s->size, s->path, &l->err);
+    if (!l->rc)
+        l->rc = k3_st_header_read(&l->h, fd, s->path, &l->err);
+    if (!l->rc)
+        s->data_start = l->h.data_start;
+}
+
+/* The parallel phase of k3_st_open: job 0 is the index (if any), jobs 1..n
+ * the shards. Plain threads that exit when the work is done (an OpenMP team
+ * would leave threads spinning after every open, which costs a loaded
+ * machine more than the parsing). */
+typedef struct open_job {
+    k3_st *st;
+    shard_load *loads;
+    unsigned flags;
+    uint32_t nfiles;
+    int have_index;
+    index_map *m;
+    const char *index_path;
+    k3_err *index_err;
+    int *index_rc;
+    uint32_t next; /* atomic */
+} open_job;
+
+static void *open_worker(void *arg)
+{
+    open_job *j = arg;
+    for (;;) {
+        uint32_t k = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (k == 0) {
+            if (j->have_index)
+                *j->index_rc = index_load(j->m, j->index_path, j->index_err);
+        } else if (k - 1 < j->nfiles) {
+            load_shard(&j->st->shards[k - 1], &j->loads[k - 1], j->flags);
+        } else {
+            return NULL;
         }
-        st->tensors = nt;
-        *cap = nc;
     }
-    for (uint64_t i = 0; i < h.count; i++) {
-        h.tensors[i].shard = st->nshards - 1;
-        st->tensors[st->count + i] = h.tensors[i];
+}
+
+static void run_open_jobs(open_job *j)
+{
+    /* OMP_NUM_THREADS, as everywhere in k3, else the CPU count */
+    long cpus = omp_get_max_threads();
+    uint32_t jobs = j->nfiles + (j->have_index ? 1 : 0);
+    uint32_t nthreads = cpus > 1 ? (uint32_t)(cpus < 16 ? cpus : 16) : 1;
+    if (nthreads > jobs)
+        nthreads = jobs ? jobs : 1;
+    /* Fault injection (K3_FAULT) counts reads in a process-wide record: keep
+     * it deterministic and race-free by loading shards one by one when it is
+     * armed. A zero-byte read makes the hook load its settings now, before
+     * any thread could race to do it. */
+    const char *fault = getenv("K3_FAULT");
+    if (fault && *fault)
+        nthreads = 1;
+    k3_io_pread(-1, NULL, 0, 0, "", NULL);
+    pthread_t tid[16];
+    uint32_t started = 0;
+    for (uint32_t t = 1; t < nthreads; t++)
+        if (pthread_create(&tid[started], NULL, open_worker, j) == 0)
+            started++;
+    open_worker(j); /* the caller works too; if no thread started it does all */
+    for (uint32_t t = 0; t < started; t++)
+        pthread_join(tid[t], NULL);
+}
+
+/* Append the parsed shards to st in shard order; the first failed shard (in
+ * name order, whatever order the threads finished in) is the error. */
+static int merge_shards(k3_st *st, shard_load *loads, k3_err *e)
+{
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < st->nshards; i++) {
+        if (loads[i].rc) {
+            if (e && !e->code)
+                *e = loads[i].err;
+            return loads[i].rc;
+        }
+        total += loads[i].h.count;
     }
-    st->count += h.count;
-    k3_st_header_free(&h);
+    if (total > K3_ST_MAX_TENSORS)
+        return k3_err_set(e, K3_ELIMIT, "%s: the checkpoint has %" PRIu64 " tensors, more than %llu",
+                          st->shards[0].path, total, (unsigned long long)K3_ST_MAX_TENSORS);
+    st->tensors = malloc((total ? total : 1) * sizeof *st->tensors);
+    if (!st->tensors)
+        return k3_err_set(e, K3_ENOMEM, "%s: out of memory for %" PRIu64 " tensors", st->shards[0].path, total);
+    for (uint32_t i = 0; i < st->nshards; i++) {
+        k3_st_header *h = &loads[i].h;
+        for (uint64_t k = 0; k < h->count; k++) {
+            h->tensors[k].shard = i;
+            st->tensors[st->count + k] = h->tensors[k];
+        }
+        st->count += h->count;
+        st->shards[i].names = h->names;
+        h->names = NULL;
+        k3_st_header_free(h);
+    }
     return 0;
 }
 
@@ -988,58 +1054,88 @@ int k3_st_open(k3_st **out, const char *dir, unsigned flags, k3_err *e)
     k3_st *st = calloc(1, sizeof *st);
     if (!st)
         return k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
-    uint64_t cap = 0;
-    int rc = 0;
+    int rc = 0, have_index = 0, index_rc = 0;
     index_map m = {0};
+    k3_err index_err = {0};
     char **files = NULL;
     uint32_t nfiles = 0;
-    char path[4096], index_path[4096] = "";
+    shard_load *loads = NULL;
+    char index_path[4096] = "";
 
+    /* the shards: the file itself, or the directory's *.safetensors in name
+     * order (with an index, these must be exactly the files it names) */
     if (!S_ISDIR(sb.st_mode)) {
-        if (!(st->shards = malloc(sizeof *st->shards))) {
+        nfiles = 1;
+        if (!(files = malloc(sizeof *files)) || !(files[0] = strdup(dir))) {
+            nfiles = 0;
             rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
             goto out;
         }
-        if ((rc = add_shard(st, &cap, dir, flags, e)))
-            goto out;
     } else {
         if ((rc = list_shards(dir, &files, &nfiles, e)))
             goto out;
         if ((rc = k3_io_path_join(index_path, sizeof index_path, dir, INDEX_NAME, e)))
             goto out;
-        int have_index = access(index_path, F_OK) == 0;
-        if (have_index) {
-            if ((rc = index_load(&m, index_path, e)))
-                goto out;
-            /* every file in the folder must be one the index names */
-            for (uint32_t i = 0; i < nfiles; i++) {
-                const char *key = files[i];
-                if (!bsearch(&key, m.shard_names, m.nshards, sizeof *m.shard_names, cmp_str)) {
-                    rc = k3_err_set(e, K3_EFORMAT, "%s/%s: shard file is not referenced by %s", dir, files[i], INDEX_NAME);
-                    goto out;
-                }
-            }
-        } else if (nfiles == 0) {
+        have_index = access(index_path, F_OK) == 0;
+        if (!have_index && nfiles == 0) {
             rc = k3_err_set(e, K3_ENOENT, "%s: no *.safetensors files and no %s", dir, INDEX_NAME);
             goto out;
         }
-        uint32_t n = have_index ? m.nshards : nfiles;
-        if (!(st->shards = malloc(n * sizeof *st->shards))) {
+    }
+    st->shards = calloc(nfiles ? nfiles : 1, sizeof *st->shards);
+    loads = calloc(nfiles ? nfiles : 1, sizeof *loads);
+    if (!st->shards || !loads) {
+        rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
+        goto out;
+    }
+    for (uint32_t i = 0; i < nfiles; i++) {
+        shard *s = &st->shards[i];
+        s->fd = -1;
+        st->nshards++;
+        char path[4096];
+        if (S_ISDIR(sb.st_mode) && (rc = k3_io_path_join(path, sizeof path, dir, files[i], e)))
+            goto out;
+        if (!(s->path = strdup(S_ISDIR(sb.st_mode) ? path : dir))) {
             rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
             goto out;
         }
-        for (uint32_t i = 0; i < n; i++) {
-            const char *name = have_index ? m.shard_names[i] : files[i];
-            if ((rc = k3_io_path_join(path, sizeof path, dir, name, e)))
-                goto out;
-            if (have_index && access(path, F_OK) != 0) {
-                rc = k3_err_set(e, K3_ENOENT, "%s: shard named by %s is missing", path, INDEX_NAME);
+        const char *slash = strrchr(s->path, '/');
+        s->name = slash ? slash + 1 : s->path;
+    }
+
+    /* the index and every header are parsed in parallel (headers are most
+     * of the work: 76 MB of JSON for K3); results are used in a fixed order */
+    {
+        open_job job = {.st = st, .loads = loads, .flags = flags, .nfiles = nfiles, .have_index = have_index,
+                        .m = &m, .index_path = index_path, .index_err = &index_err, .index_rc = &index_rc};
+        run_open_jobs(&job);
+    }
+
+    if (have_index) {
+        if (index_rc) {
+            *e = index_err;
+            rc = index_rc;
+            goto out;
+        }
+        /* the index names exactly the shard files present */
+        for (uint32_t i = 0; i < m.nshards; i++) {
+            const char *key = m.shard_names[i];
+            if (!bsearch(&key, files, nfiles, sizeof *files, cmp_str)) {
+                rc = k3_err_set(e, K3_ENOENT, "%s/%s: shard named by %s is missing", dir, key, INDEX_NAME);
                 goto out;
             }
-            if ((rc = add_shard(st, &cap, path, flags, e)))
-                goto out;
         }
+        for (uint32_t i = 0; i < nfiles; i++) {
+            const char *key = files[i];
+            if (!bsearch(&key, m.shard_names, m.nshards, sizeof *m.shard_names, cmp_str)) {
+                rc = k3_err_set(e, K3_EFORMAT, "%s/%s: shard file is not referenced by %s", dir, files[i], INDEX_NAME);
+                goto out;
+            }
+        }
+        /* same sorted sets: shard numbers agree between index and files */
     }
+    if ((rc = merge_shards(st, loads, e)))
+        goto out;
 
     /* one table for the whole checkpoint */
     if (ntab_init(&st->table, st->count)) {
@@ -1061,20 +1157,18 @@ int k3_st_open(k3_st **out, const char *dir, unsigned flags, k3_err *e)
             goto out;
         }
     }
-    if (m.text && (rc = check_against_index(st, &m, index_path, e)))
+    if (have_index && (rc = check_against_index(st, &m, index_path, e)))
         goto out;
 out:
+    if (loads)
+        for (uint32_t i = 0; i < nfiles; i++)
+            k3_st_header_free(&loads[i].h);
+    free(loads);
     index_free(&m);
     free_names(files, nfiles);
     if (rc) {
         k3_st_close(st);
         return rc;
-    }
-    /* give back the growth slack */
-    if (st->count && cap > st->count) {
-        k3_st_tensor *nt = realloc(st->tensors, st->count * sizeof *nt);
-        if (nt)
-            st->tensors = nt;
     }
     *out = st;
     return 0;
@@ -1131,7 +1225,8 @@ uint64_t k3_st_shard_data_start(const k3_st *st, uint32_t i)
     return i < st->nshards ? st->shards[i].data_start : 0;
 }
 
-int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n, void *dst, k3_err *e)
+int k3_st_read_range_bounce(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n, void *dst,
+                            void *bounce, uint64_t bounce_cap, k3_err *e)
 {
     if (!t || t->shard >= st->nshards)
         return k3_err_set(e, K3_EARG, "k3_st_read: tensor does not belong to this checkpoint");
@@ -1147,19 +1242,33 @@ int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint6
     const uint64_t A = K3_IO_DIRECT_ALIGN;
     if ((uintptr_t)dst % A == 0 && at % A == 0 && n % A == 0)
         return k3_io_pread_direct(s->fd, dst, n, at, NULL, 0, s->path, e);
-    /* unaligned: bounded aligned pieces through a bounce buffer */
-    uint64_t cap = DIRECT_CHUNK + 2 * A;
-    void *bounce = k3_io_alloc_aligned(cap, A);
-    if (!bounce)
-        return k3_err_set(e, K3_ENOMEM, "%s: out of memory for a read buffer", s->path);
+    /* unaligned: aligned pieces through a bounce buffer, the caller's or
+     * one sized for this read (at most DIRECT_CHUNK + 2 blocks) */
+    void *own = NULL;
+    if (bounce) {
+        if ((uintptr_t)bounce % A || bounce_cap < 3 * A)
+            return k3_err_set(e, K3_EARG, "%s: bounce buffer must be %" PRIu64 "-aligned and hold 3 blocks", s->path, A);
+    } else {
+        bounce_cap = (n < DIRECT_CHUNK ? (n + A - 1) / A * A : DIRECT_CHUNK) + 2 * A;
+        bounce = own = k3_io_alloc_aligned(bounce_cap, A);
+        if (!bounce)
+            return k3_err_set(e, K3_ENOMEM, "%s: out of memory for a read buffer", s->path);
+    }
+    /* a piece of `chunk` bytes at any offset widens to at most chunk + 2 blocks */
+    uint64_t chunk = (bounce_cap - 2 * A) / A * A;
     int rc = 0;
     for (uint64_t done = 0; !rc && done < n;) {
-        uint64_t k = n - done < DIRECT_CHUNK ? n - done : DIRECT_CHUNK;
-        rc = k3_io_pread_direct(s->fd, (char *)dst + done, k, at + done, bounce, cap, s->path, e);
+        uint64_t k = n - done < chunk ? n - done : chunk;
+        rc = k3_io_pread_direct(s->fd, (char *)dst + done, k, at + done, bounce, bounce_cap, s->path, e);
         done += k;
     }
-    k3_io_free_aligned(bounce);
+    k3_io_free_aligned(own);
     return rc;
+}
+
+int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n, void *dst, k3_err *e)
+{
+    return k3_st_read_range_bounce(st, t, off, n, dst, NULL, 0, e);
 }
 
 int k3_st_read(const k3_st *st, const k3_st_tensor *t, void *dst, k3_err *e)

@@ -65,6 +65,8 @@ typedef enum k3_dtype {
 #define K3_ST_MAX_HEADER   (100u << 20)   /* 100 MiB of header JSON per shard */
 #define K3_ST_MAX_SHARDS   65536u
 #define K3_ST_MAX_NAME     1024u
+#define K3_ST_MAX_TENSORS  (1u << 22)     /* per checkpoint: 8x K3's 497,220; ~1 GB of index at most */
+#define K3_ST_MAX_INDEX    (256u << 20)   /* model.safetensors.index.json (K3's is ~40 MB) */
 
 const char *k3_dtype_name(k3_dtype t);          /* "BF16", ... */
 int k3_dtype_from_name(const char *s, k3_dtype *t); /* 0 or K3_EFORMAT */
@@ -90,8 +92,11 @@ typedef struct k3_st k3_st;
  * Shards are numbered in file-name order. Returns 0, K3_EFORMAT (bad header
  * or index, or they disagree), K3_ELIMIT, K3_ENOENT (no shards, a shard the
  * index names is missing, a tensor the index lists is missing), K3_EIO or
- * K3_ENOMEM; on error *out is NULL. Memory: about 200 bytes per tensor
- * (~100 MB for K3's 497,220 tensors). */
+ * K3_ENOMEM; on error *out is NULL. Memory: about 210 bytes per tensor
+ * (~106 MB for K3's 497,220 tensors). The index and the headers are parsed
+ * on up to OMP_NUM_THREADS threads (one when K3_FAULT is set); which error is
+ * reported does not depend on thread timing (index first, then shards in
+ * name order). */
 int k3_st_open(k3_st **out, const char *dir, unsigned flags, k3_err *e);
 void k3_st_close(k3_st *st);   /* accepts NULL */
 
@@ -112,12 +117,18 @@ uint64_t k3_st_shard_data_start(const k3_st *st, uint32_t shard); /* 8 + N */
 /* Read a whole tensor / a byte range [off, off+n) of it into dst (any
  * alignment). A range outside the tensor is K3_EARG. On an O_DIRECT shard
  * an aligned request (dst, offset and n multiples of K3_IO_DIRECT_ALIGN)
- * goes straight into dst; anything else goes through a 4 MiB bounce buffer
- * allocated per call. Reads go through k3_io_pread*, so K3_FAULT reaches
- * them. */
+ * goes straight into dst; anything else goes through a bounce buffer of at
+ * most 4 MiB allocated per call (see k3_st_read_range_bounce). Reads go
+ * through k3_io_pread*, so K3_FAULT reaches them. */
 int k3_st_read(const k3_st *st, const k3_st_tensor *t, void *dst, k3_err *e);
 int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n,
                      void *dst, k3_err *e);
+/* The same with a caller-owned bounce buffer for O_DIRECT shards (aligned to
+ * K3_IO_DIRECT_ALIGN, at least 3 blocks; unused on buffered shards), so that
+ * a loop of reads allocates and faults in nothing. Pieces of bounce_cap - 2
+ * blocks are read at a time. */
+int k3_st_read_range_bounce(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n, void *dst,
+                            void *bounce, uint64_t bounce_cap, k3_err *e);
 
 /*
  * One shard's header on its own, for k3-verify (which must report every bad

@@ -175,6 +175,8 @@ typedef struct stream_ctx {
     k3_tok_stream *ts;
     int json;
     int first;
+    const uint32_t *eos; /* end-of-sequence ids: kept in the ids, not written as text */
+    uint32_t n_eos;
     char *text;          /* accumulated output text (for --json) */
     uint64_t len, cap;
     k3_err *e;
@@ -209,6 +211,9 @@ static int on_token(void *ud, uint32_t id)
         c->first = 0;
         return 0;
     }
+    for (uint32_t k = 0; k < c->n_eos; k++)
+        if (c->eos[k] == id)
+            return 0;
     const char *b;
     uint64_t n;
     int rc = k3_tok_stream_push(c->ts, id, &b, &n, c->e);
@@ -485,6 +490,8 @@ int main(int argc, char **argv)
     uint32_t n_eos = 0;
     if (tok)
         k3_tok_eos_ids(tok, &eos, &n_eos);
+    sc.eos = eos;
+    sc.n_eos = n_eos;
     k3_gen_opts go = {(uint32_t)gen, eos, n_eos, logits, first, all, on_token, &sc};
     k3_gen_stats st;
     if (gen == 0) {
