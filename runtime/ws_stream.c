@@ -135,6 +135,20 @@ static void group_name(const ws_stream *w, uint32_t g, char *out, size_t cap)
         snprintf(out, cap, "layer %u", g);
 }
 
+/* Append context to the message of error rc already recorded in e. */
+static int err_wrap(k3_err *e, int rc, const char *what)
+{
+    if (!e)
+        return rc;
+    char m[K3_ERR_MSG_MAX];
+    int sys = e->sys_errno;
+    snprintf(m, sizeof m, "%s", e->msg);
+    k3_err_clear(e);
+    k3_err_set(e, rc, "%s (%s)", m, what);
+    e->sys_errno = sys;
+    return rc;
+}
+
 /* ------------------------------------------------------------- arenas */
 
 static uint8_t *arena_alloc(uint64_t n, uint64_t *mapped)
@@ -168,10 +182,10 @@ static int read_group(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_err *e
     for (uint32_t i = 0; i < G->nunits; i++) {
         int rc = k3_pk_read_unit(w->pk, G->units[i], dst + G->unit_rel[i], crc, e);
         if (rc < 0) {
-            char m[K3_ERR_MSG_MAX], name[32];
-            snprintf(m, sizeof m, "%s", e ? e->msg : "");
+            char name[48], what[64];
             group_name(w, g, name, sizeof name);
-            return k3_err_set(e, rc, "%s (trunk of %s)", m, name);
+            snprintf(what, sizeof what, "trunk of %s", name);
+            return err_wrap(e, rc, what);
         }
     }
     return 0;
@@ -347,9 +361,9 @@ static int st_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_e
         uint64_t off = p->offset + (ids[i] - p->row_begin) * row;
         int rc = k3_pk_read(w->pk, u->file, w->rowbuf, row, off, w->bounce, w->bounce_cap, e);
         if (rc < 0) {
-            char m[K3_ERR_MSG_MAX];
-            snprintf(m, sizeof m, "%s", e ? e->msg : "");
-            return k3_err_set(e, rc, "%s (embedding row %u)", m, ids[i]);
+            char what[48];
+            snprintf(what, sizeof what, "embedding row %u", ids[i]);
+            return err_wrap(e, rc, what);
         }
         w->st.embed_bytes += k3_pk_file_is_direct(w->pk, u->file)
                                  ? (off + row + 4095) / 4096 * 4096 - off / 4096 * 4096
@@ -382,10 +396,10 @@ static void *io_main(void *arg)
         pthread_mutex_unlock(&w->x_mu);
         k3_err err = {0};
         int rc = k3_pk_read_record(w->pk, layer, expert, w->xarena + (uint64_t)s * w->lay->stride, 1, &err);
-        if (rc < 0 && rc != K3_ECORRUPT) {
-            char m[K3_ERR_MSG_MAX];
-            snprintf(m, sizeof m, "%s", err.msg);
-            k3_err_set(&err, rc, "%s (layer %u expert %u)", m, layer, expert);
+        if (rc < 0 && rc != K3_ECORRUPT) {   /* the CRC message already names them */
+            char what[48];
+            snprintf(what, sizeof what, "layer %u expert %u", layer, expert);
+            err_wrap(&err, rc, what);
         }
         pthread_mutex_lock(&w->x_mu);
         if (rc < 0) {
