@@ -69,5 +69,10 @@ typedef struct k3_model_times {
     double embed, attn_kda, attn_mla, mlp_dense, moe, head;
 } k3_model_times;
 void k3_model_times_get(const k3_model *m, k3_model_times *t);
+/* Seconds spent in each layer since open or the last reset (compute only:
+ * the weight source's acquire/release are outside); out has num_hidden_layers
+ * entries. */
+void k3_model_layer_times(const k3_model *m, double *out);
+void k3_model_times_reset(k3_model *m);
 
 #endif

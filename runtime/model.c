@@ -286,7 +286,10 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
     m->max_chunk = opts && opts->max_chunk ? opts->max_chunk : 64;
     m->nthreads = omp_get_max_threads();
     m->layer_slot = calloc(d->NL, sizeof(uint32_t));
-    if (!m->layer_slot) {
+    m->layer_s = calloc(d->NL, sizeof(double));
+    if (!m->layer_slot || !m->layer_s) {
+        free(m->layer_slot);
+        free(m->layer_s);
         free(m);
         return k3_err_set(e, K3_ENOMEM, "out of memory opening the model");
     }
@@ -366,6 +369,7 @@ void k3_model_close(k3_model *m)
         free(fs[i]);
     free(m->rsel); free(m->eids); free(m->ecount); free(m->etok); free(m->eslot); free(m->eviews);
     free(m->layer_slot);
+    free(m->layer_s);
     free(m);
 }
 
@@ -373,6 +377,17 @@ const k3_cfg *k3_model_cfg(const k3_model *m) { return &m->cfg; }
 uint32_t k3_model_max_chunk(const k3_model *m) { return m->max_chunk; }
 
 void k3_model_times_get(const k3_model *m, k3_model_times *t) { *t = m->times; }
+
+void k3_model_layer_times(const k3_model *m, double *out)
+{
+    memcpy(out, m->layer_s, m->d.NL * sizeof(double));
+}
+
+void k3_model_times_reset(k3_model *m)
+{
+    memset(&m->times, 0, sizeof m->times);
+    memset(m->layer_s, 0, m->d.NL * sizeof(double));
+}
 
 /* --------------------------------------------------------------- session */
 
@@ -492,6 +507,7 @@ static int forward_chunk(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t 
         rc = k3_ws_acquire(m->ws, L, &v, e);
         if (rc < 0)
             return rc;
+        double tl0 = omp_get_wtime();
         load_smalls(m, v);
         memcpy(m->prefix, m->h, TE * sizeof(float));
         if (ns)
@@ -534,6 +550,7 @@ static int forward_chunk(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t 
             return rc;
         memcpy(m->h, m->prefix, TE * sizeof(float));
         vadd(m->h, m->mlp, TE);
+        m->layer_s[L] += omp_get_wtime() - tl0;
     }
     s->pos += T;
     if (!logits)

@@ -49,6 +49,7 @@ struct k3_model {
     uint32_t *rsel, *eids, *etok, *eslot, *ecount;
     k3_expert_view *eviews;
     k3_model_times times;
+    double *layer_s;          /* per layer compute seconds */
 };
 
 struct k3_sess {
