@@ -32,9 +32,7 @@
 #include "st_json.h"
 
 #define INDEX_NAME "model.safetensors.index.json"
-#define MAX_INDEX_BYTES (1ull << 30)
 #define MAX_SHARD_NAME 255u
-#define MAX_TENSORS (1ull << 28)
 #define DIRECT_CHUNK (4u << 20)
 
 /* ---- dtypes --------------------------------------------------------------- */
@@ -407,8 +405,8 @@ int k3_st_header_parse(k3_st_header *h, const char *shard_name, const uint8_t *h
                 goto out;
             }
             if (used == cap) {
-                if (used >= MAX_TENSORS) {
-                    rc = k3_jc_fail(&j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)MAX_TENSORS);
+                if (used >= K3_ST_MAX_TENSORS) {
+                    rc = k3_jc_fail(&j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)K3_ST_MAX_TENSORS);
                     goto out;
                 }
                 cap *= 2;
@@ -443,14 +441,30 @@ int k3_st_header_parse(k3_st_header *h, const char *shard_name, const uint8_t *h
             goto out;
     }
 trailer:
-    /* the format allows padding the header with spaces */
+    /* writers pad the header with spaces; JSON whitespace is accepted */
     k3_jc_ws(&j);
     if (j.p != j.end) {
-        rc = k3_jc_fail(&j, NULL, K3_EFORMAT, "bytes after the header JSON (byte 0x%02x; only space padding is allowed)",
+        rc = k3_jc_fail(&j, NULL, K3_EFORMAT, "bytes after the header JSON (byte 0x%02x; only whitespace padding may follow it)",
                         *j.p);
         goto out;
     }
     h->count = used;
+
+    /* the names block was sized for the worst case (the whole header): keep
+     * only what the names use */
+    {
+        size_t used_bytes = (size_t)(names_end - h->names);
+        char *exact = malloc(used_bytes ? used_bytes : 1);
+        if (!exact) {
+            rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory for tensor names", shard_name);
+            goto out;
+        }
+        memcpy(exact, h->names, used_bytes);
+        for (uint64_t i = 0; i < used; i++)
+            h->tensors[i].name = exact + (h->tensors[i].name - h->names);
+        free(h->names);
+        h->names = exact;
+    }
 
     /* duplicate names: the table indexes h->tensors before sorting */
     if (used) {
@@ -687,8 +701,8 @@ static int parse_weight_map(k3_jc *j, index_map *m, ntab *shard_tab)
             return k3_jc_fail(j, vpos, K3_EFORMAT,
                               "shard name \"%.300s\" is not a plain file name ending in .safetensors", sname);
         if (m->count == cap) {
-            if (cap >= MAX_TENSORS)
-                return k3_jc_fail(j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)MAX_TENSORS);
+            if (cap >= K3_ST_MAX_TENSORS)
+                return k3_jc_fail(j, kpos, K3_ELIMIT, "more than %llu tensors", (unsigned long long)K3_ST_MAX_TENSORS);
             cap *= 2;
             index_entry *ne = realloc(m->entries, cap * sizeof *ne);
             if (!ne)
@@ -724,7 +738,7 @@ static int parse_weight_map(k3_jc *j, index_map *m, ntab *shard_tab)
 static int index_load(index_map *m, const char *path, k3_err *e)
 {
     uint64_t len;
-    int rc = k3_io_read_file(path, MAX_INDEX_BYTES, &m->text, &len, e);
+    int rc = k3_io_read_file(path, K3_ST_MAX_INDEX, &m->text, &len, e);
     if (rc)
         return rc;
     ntab shard_tab = {0};
@@ -896,10 +910,10 @@ static int add_shard(k3_st *st, uint64_t *cap, const char *path, unsigned flags,
     s->data_start = h.data_start;
     s->names = h.names;
     h.names = NULL;
-    if (st->count + h.count > MAX_TENSORS) {
+    if (st->count + h.count > K3_ST_MAX_TENSORS) {
         k3_st_header_free(&h);
         return k3_err_set(e, K3_ELIMIT, "%s: the checkpoint has more than %llu tensors", path,
-                          (unsigned long long)MAX_TENSORS);
+                          (unsigned long long)K3_ST_MAX_TENSORS);
     }
     if (st->count + h.count > *cap) {
         uint64_t nc = *cap ? *cap : 1024;
@@ -1115,7 +1129,8 @@ uint64_t k3_st_shard_data_start(const k3_st *st, uint32_t i)
     return i < st->nshards ? st->shards[i].data_start : 0;
 }
 
-int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n, void *dst, k3_err *e)
+int k3_st_read_range_bounce(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n, void *dst,
+                            void *bounce, uint64_t bounce_cap, k3_err *e)
 {
     if (!t || t->shard >= st->nshards)
         return k3_err_set(e, K3_EARG, "k3_st_read: tensor does not belong to this checkpoint");
@@ -1131,19 +1146,33 @@ int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint6
     const uint64_t A = K3_IO_DIRECT_ALIGN;
     if ((uintptr_t)dst % A == 0 && at % A == 0 && n % A == 0)
         return k3_io_pread_direct(s->fd, dst, n, at, NULL, 0, s->path, e);
-    /* unaligned: bounded aligned pieces through a bounce buffer */
-    uint64_t cap = DIRECT_CHUNK + 2 * A;
-    void *bounce = k3_io_alloc_aligned(cap, A);
-    if (!bounce)
-        return k3_err_set(e, K3_ENOMEM, "%s: out of memory for a read buffer", s->path);
+    /* unaligned: aligned pieces through a bounce buffer, the caller's or
+     * one sized for this read (at most DIRECT_CHUNK + 2 blocks) */
+    void *own = NULL;
+    if (bounce) {
+        if ((uintptr_t)bounce % A || bounce_cap < 3 * A)
+            return k3_err_set(e, K3_EARG, "%s: bounce buffer must be %" PRIu64 "-aligned and hold 3 blocks", s->path, A);
+    } else {
+        bounce_cap = (n < DIRECT_CHUNK ? (n + A - 1) / A * A : DIRECT_CHUNK) + 2 * A;
+        bounce = own = k3_io_alloc_aligned(bounce_cap, A);
+        if (!bounce)
+            return k3_err_set(e, K3_ENOMEM, "%s: out of memory for a read buffer", s->path);
+    }
+    /* a piece of `chunk` bytes at any offset widens to at most chunk + 2 blocks */
+    uint64_t chunk = (bounce_cap - 2 * A) / A * A;
     int rc = 0;
     for (uint64_t done = 0; !rc && done < n;) {
-        uint64_t k = n - done < DIRECT_CHUNK ? n - done : DIRECT_CHUNK;
-        rc = k3_io_pread_direct(s->fd, (char *)dst + done, k, at + done, bounce, cap, s->path, e);
+        uint64_t k = n - done < chunk ? n - done : chunk;
+        rc = k3_io_pread_direct(s->fd, (char *)dst + done, k, at + done, bounce, bounce_cap, s->path, e);
         done += k;
     }
-    k3_io_free_aligned(bounce);
+    k3_io_free_aligned(own);
     return rc;
+}
+
+int k3_st_read_range(const k3_st *st, const k3_st_tensor *t, uint64_t off, uint64_t n, void *dst, k3_err *e)
+{
+    return k3_st_read_range_bounce(st, t, off, n, dst, NULL, 0, e);
 }
 
 int k3_st_read(const k3_st *st, const k3_st_tensor *t, void *dst, k3_err *e)

@@ -42,6 +42,25 @@ void k3_conv_interrupt(void)
     stop_requested = 1;
 }
 
+/* Test hook: K3_CONVERT_CRASH="STAGE:GROUP" kills the process with SIGKILL at
+ * that point (STAGE: chunk = after the group's first chunk is converted,
+ * published = after its files are renamed but before its journal entry,
+ * journaled = after its journal entry, index = after experts.idx, before the
+ * manifest; GROUP is ignored for index). Costs one getenv per group. */
+static void crash_point(const char *stage, uint32_t g)
+{
+    const char *v = getenv("K3_CONVERT_CRASH");
+    if (!v)
+        return;
+    size_t n = strlen(stage);
+    if (strncmp(v, stage, n) || v[n] != ':')
+        return;
+    char *end;
+    unsigned long want = strtoul(v + n + 1, &end, 10);
+    if (*end == '\0' && (want == g || !strcmp(stage, "index")))
+        raise(SIGKILL);
+}
+
 /* ---- the reader thread ------------------------------------------------------ */
 
 typedef struct chunk {
@@ -55,6 +74,7 @@ typedef struct reader {
     uint32_t shard_first, shard_end;
     uint8_t (*shard_sha)[32];
     uint8_t *arena;
+    uint64_t chunk;             /* bytes per slot: K3_CONV_CHUNK, less for small shards */
     uint8_t *bounce;
     chunk slots[K3_CONV_NCHUNKS];
     uint32_t head, count;       /* filled slots: head .. head+count-1 */
@@ -96,7 +116,7 @@ static void *reader_main(void *arg)
                             now, size);
         if (rc == 0 && EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1)
             rc = k3_err_set(&r->err, K3_EINTERNAL, "SHA-256 init failed");
-        for (uint64_t off = 0; rc == 0 && off < size; off += K3_CONV_CHUNK) {
+        for (uint64_t off = 0; rc == 0 && off < size; off += r->chunk) {
             pthread_mutex_lock(&r->mu);
             while (r->count == K3_CONV_NCHUNKS && !r->stop)
                 pthread_cond_wait(&r->cv, &r->mu);
@@ -108,10 +128,10 @@ static void *reader_main(void *arg)
                 break;
             }
             chunk *c = &r->slots[slot_i];
-            c->buf = r->arena + (uint64_t)slot_i * K3_CONV_CHUNK;
+            c->buf = r->arena + (uint64_t)slot_i * r->chunk;
             c->shard = s;
             c->off = off;
-            c->len = size - off < K3_CONV_CHUNK ? size - off : K3_CONV_CHUNK;
+            c->len = size - off < r->chunk ? size - off : r->chunk;
             if ((rc = reader_read(r, fd, direct, c->buf, c->len, off, path)))
                 break;
             EVP_DigestUpdate(md, c->buf, (size_t)c->len);
@@ -204,7 +224,7 @@ static int quantize_matrix(conv *cv, open_rec *o, int which, const uint8_t *w, k
     uint32_t esz = k3_dtype_size(wt), ssz = sinv ? k3_dtype_size(st) : 0;
     uint64_t bcols = (cols + 127) / 128;
     int oom = 0;
-#pragma omp parallel
+#pragma omp parallel if (rows * cols >= (1u << 20))
     {
         float *row = malloc(cols * sizeof *row);
         if (!row) {
@@ -597,6 +617,7 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
         if (rc == 0) {
             k3_progress_add(cv->prog, c->len);
             cv->s->bytes_read += c->len;
+            crash_point("chunk", g);
         }
         pthread_mutex_lock(&rd->mu);
         rd->head = (rd->head + 1) % K3_CONV_NCHUNKS;
@@ -634,7 +655,11 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
         if (ws[k])
             k3_conv_w_close(ws[k], 0);
     cv->has_t = cv->has_x = 0;
-    return journal_write_group(cv, g, e);
+    crash_point("published", g);
+    rc = journal_write_group(cv, g, e);
+    if (rc == 0)
+        crash_point("journaled", g);
+    return rc;
 fail:
     for (uint32_t i = 0; i < K3_CONV_MAX_OPEN_RECORDS; i++) {
         cv->recs[i].rec = -1;
@@ -865,6 +890,7 @@ static int finish(conv *cv, k3_err *e)
         if (rc)
             return rc;
     }
+    crash_point("index", 0);
     p->man.plan_json = strdup("{\"tool\":\"k3-convert\",\"grouping\":\"shard-groups\",\"units\":\"layer-per-group\"}");
     char *txt = k3_man_to_json(&p->man);
     if (!txt || !p->man.plan_json) {
@@ -936,7 +962,19 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
         if (o->resume && !done && o->progress && strcmp(why, "no journal entry"))
             fprintf(o->progress, "k3-convert: group %u will be redone: %s\n", g, why);
     }
-    rd.arena = k3_io_huge_alloc((uint64_t)K3_CONV_NCHUNKS * K3_CONV_CHUNK);
+    uint64_t biggest = 0;
+    for (uint32_t i = 0; i < ns; i++)
+        biggest = k3_st_shard_size(plan.st, i) > biggest ? k3_st_shard_size(plan.st, i) : biggest;
+    rd.chunk = (biggest + K3_IO_DIRECT_ALIGN - 1) / K3_IO_DIRECT_ALIGN * K3_IO_DIRECT_ALIGN;
+    rd.chunk = rd.chunk < K3_CONV_CHUNK ? (rd.chunk ? rd.chunk : K3_IO_DIRECT_ALIGN) : K3_CONV_CHUNK;
+    const char *ck = getenv("K3_CONVERT_CHUNK"); /* test knob: smaller read chunks */
+    if (ck) {
+        char *end;
+        unsigned long long v = strtoull(ck, &end, 10);
+        if (!*end && v >= K3_IO_DIRECT_ALIGN && v <= K3_CONV_CHUNK && v % K3_IO_DIRECT_ALIGN == 0)
+            rd.chunk = v;
+    }
+    rd.arena = k3_io_huge_alloc((uint64_t)K3_CONV_NCHUNKS * rd.chunk);
     rd.bounce = k3_io_alloc_aligned(K3_IO_DIRECT_ALIGN, K3_IO_DIRECT_ALIGN);
     if (!rd.arena || !rd.bounce) {
         rc = k3_err_set(e, K3_ENOMEM, "out of memory for the read buffers");
@@ -955,7 +993,7 @@ out:
     for (uint32_t i = 0; i < K3_CONV_MAX_OPEN_RECORDS; i++)
         k3_io_free_aligned(cv.recs[i].buf);
     if (rd.arena)
-        k3_io_huge_free(rd.arena, (uint64_t)K3_CONV_NCHUNKS * K3_CONV_CHUNK);
+        k3_io_huge_free(rd.arena, (uint64_t)K3_CONV_NCHUNKS * rd.chunk);
     k3_io_free_aligned(rd.bounce);
     pthread_mutex_destroy(&rd.mu);
     pthread_cond_destroy(&rd.cv);

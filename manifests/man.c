@@ -12,11 +12,13 @@
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_EXACT ((double)(1ull << 53))
+#define ZERO_HEX "0000000000000000000000000000000000000000000000000000000000000000"
 
 static const char *kind_names[K3_PK_FILE_KIND_COUNT] = {"trunk", "experts", "expert_index", "tokenizer"};
 
@@ -500,6 +502,39 @@ static int parse_experts(pctx *p, k3_man *m, const cJSON *x)
     return 0;
 }
 
+/* The manifest carries the SHA-256 of its own text (with that hash replaced
+ * by 64 zeros), so that any edit by hand is detected. */
+static int check_self_hash(pctx *p, const cJSON *root, const char *text, uint64_t len)
+{
+    const char *hex;
+    int rc = get_str(p, root, "self_sha256", "manifest", &hex);
+    if (rc)
+        return rc;
+    uint8_t want[32], got[32];
+    if (k3_man_unhex(hex, want))
+        return bad(p, "self_sha256", "is not 64 lower-case hex digits");
+    const char *at = NULL;
+    for (const char *q = text; (q = memmem(q, (size_t)(text + len - q), hex, 64)); q += 64) {
+        if (at)
+            return bad(p, "self_sha256", "its value occurs twice in the text");
+        at = q;
+    }
+    char *copy = malloc((size_t)len + 1);
+    if (!copy || !at) {
+        free(copy);
+        return copy ? bad(p, "self_sha256", "not found in the text") : k3_err_set(p->e, K3_ENOMEM, "out of memory");
+    }
+    memcpy(copy, text, (size_t)len);
+    memset(copy + (at - text), '0', 64);
+    unsigned int hl = 0;
+    int ok = EVP_Digest(copy, (size_t)len, got, &hl, EVP_sha256(), NULL) == 1 && !memcmp(got, want, 32);
+    free(copy);
+    if (!ok)
+        return k3_err_set(p->e, K3_ECORRUPT, "%s: edited or corrupted: its self_sha256 does not match its content",
+                          p->path);
+    return 0;
+}
+
 int k3_man_parse(k3_man *m, const char *text, uint64_t len, const char *path, k3_err *e)
 {
     memset(m, 0, sizeof *m);
@@ -531,6 +566,8 @@ int k3_man_parse(k3_man *m, const char *text, uint64_t len, const char *path, k3
         goto out;
     }
     m->schema_version = (uint32_t)v;
+    if ((rc = check_self_hash(p, root, text, len)))
+        goto out;
     if ((rc = get_str(p, root, "producer", "manifest", &s)))
         goto out;
     m->producer = strdup(s);
@@ -735,8 +772,22 @@ char *k3_man_to_json(const k3_man *m)
     }
     cJSON *plan = cJSON_Parse(m->plan_json ? m->plan_json : "{}");
     cJSON_AddItemToObject(root, "plan", plan ? plan : cJSON_CreateObject());
+    cJSON_AddStringToObject(root, "self_sha256", ZERO_HEX);
     char *txt = cJSON_Print(root);
     cJSON_Delete(root);
+    if (!txt)
+        return NULL;
+    /* the hash of the text with 64 zeros in place of the hash itself */
+    char *slot = strstr(txt, ZERO_HEX);
+    uint8_t sha[32];
+    unsigned int hl = 0;
+    if (!slot || EVP_Digest(txt, strlen(txt), sha, &hl, EVP_sha256(), NULL) != 1) {
+        free(txt);
+        return NULL;
+    }
+    char hex[65];
+    k3_man_hex(sha, hex);
+    memcpy(slot, hex, 64);
     return txt;
 }
 

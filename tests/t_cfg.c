@@ -435,3 +435,43 @@ K3_TEST(cfg_rejects_deep_json_without_crashing)
     t[len] = '\0';
     check_bad(t, "nested deeper than");
 }
+
+K3_TEST(cfg_parser_survives_mutated_configs)
+{
+    uint64_t s = 88172645463325252ull;
+    size_t blen = strlen(k3_nested);
+    char *buf = malloc(blen + 64);
+    int accepted = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        memcpy(buf, k3_nested, blen);
+        size_t n = blen;
+        for (int k = 0; k < 2; k++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            size_t at = s % n;
+            switch ((s >> 32) % 3) {
+            case 0: buf[at] = (char)(s >> 40); break;
+            case 1: buf[at] = "\"{}[],:0123456789-.e "[(s >> 40) % 21]; break;
+            default: memmove(buf + at, buf + at + 1, n - at - 1); n--; break;
+            }
+        }
+        char *text = malloc(n);
+        memcpy(text, buf, n);
+        k3_cfg c;
+        k3_err e = {0};
+        int rc = k3_cfg_parse(&c, text, n, "fuzz.json", &e);
+        if (rc == 0) {
+            accepted++;
+            CHECK_EQ_INT(k3_cfg_validate(&c, "fuzz.json", &e), 0);
+            char *j = k3_cfg_to_json(&c);
+            k3_cfg d;
+            CHECK_EQ_INT(k3_cfg_parse(&d, j, strlen(j), "again", &e), 0);
+            CHECK(memcmp(&c, &d, sizeof c) == 0);
+            free(j);
+        } else {
+            CHECK_STR_CONTAINS(e.msg, "fuzz.json: ");
+        }
+        free(text);
+    }
+    free(buf);
+    fprintf(stderr, "  (%d of 3000 mutated configs accepted, all round-tripping)\n", accepted);
+}

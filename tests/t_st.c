@@ -355,6 +355,15 @@ K3_TEST(st_reads_a_long_unaligned_range_with_o_direct)
     for (uint64_t k = 0; k < n; k++)
         if (buf[1 + k] != pattern("long", off + k))
             k3t_fail(__FILE__, __LINE__, "byte %llu", (unsigned long long)k);
+    /* the same through a small caller bounce buffer: many pieces */
+    void *bounce = k3_io_alloc_aligned(3 * 4096, 4096);
+    memset(buf, 0, n + 1);
+    CHECK_EQ_INT(k3_st_read_range_bounce(st, t, off, n, buf + 1, bounce, 3 * 4096, &e), 0);
+    for (uint64_t k = 0; k < n; k += 997)
+        CHECK_EQ_INT(buf[1 + k], pattern("long", off + k));
+    CHECK_EQ_INT(buf[n], pattern("long", off + n - 1));
+    CHECK_EQ_INT(k3_st_read_range_bounce(st, t, off, n, buf + 1, bounce, 2 * 4096, &e), K3_EARG);
+    k3_io_free_aligned(bounce);
     free(buf);
     k3_st_close(st);
 }
@@ -794,4 +803,151 @@ K3_TEST(st_rejects_a_shard_file_the_index_does_not_reference)
     k3_err e = {0};
     CHECK_EQ_INT(k3_st_open(&st, dir, 0, &e), K3_EFORMAT);
     CHECK_STR_CONTAINS(e.msg, "/stray.safetensors: shard file is not referenced by model.safetensors.index.json");
+}
+
+/* ---- mutation fuzzing ----------------------------------------------------- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* One random edit of buf (length *n, capacity cap). */
+static void mutate(uint8_t *buf, size_t *n, size_t cap)
+{
+    static const char special[] = "\"{}[],:\\0123456789-+.eE ntfu\x80\xff\xc3\xed";
+    size_t len = *n;
+    size_t at = len ? rnd() % len : 0;
+    switch (rnd() % 6) {
+    case 0: /* overwrite with a random byte */
+        if (len)
+            buf[at] = (uint8_t)rnd();
+        break;
+    case 1: /* overwrite with a JSON-significant byte */
+        if (len)
+            buf[at] = (uint8_t)special[rnd() % (sizeof special - 1)];
+        break;
+    case 2: { /* delete a range */
+        size_t k = 1 + rnd() % 8;
+        if (at + k > len)
+            k = len - at;
+        memmove(buf + at, buf + at + k, len - at - k);
+        *n = len - k;
+        break;
+    }
+    case 3: { /* duplicate a range */
+        size_t k = 1 + rnd() % 16;
+        if (at + k > len)
+            k = len - at;
+        if (len + k <= cap) {
+            memmove(buf + at + k, buf + at, len - at);
+            *n = len + k;
+        }
+        break;
+    }
+    case 4: /* truncate */
+        *n = at;
+        break;
+    default: /* change a digit, so offsets and shapes drift */
+        for (size_t i = at; i < len; i++)
+            if (buf[i] >= '0' && buf[i] <= '9') {
+                buf[i] = (uint8_t)('0' + rnd() % 10);
+                break;
+            }
+        break;
+    }
+}
+
+K3_TEST_TIMEOUT(st_header_parser_survives_mutated_headers, 600)
+{
+    const char base[] =
+        "{\"__metadata__\":{\"format\":\"pt\",\"k\\u00e9y\":\"v\\n\"},"
+        "\"a.weight\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,12]},"
+        "\"b.\\u00e9\\ud83d\\ude00\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[12,16]},"
+        "\"c\":{\"dtype\":\"U8\",\"shape\":[0,7],\"data_offsets\":[16,16]},"
+        "\"d\":{\"dtype\":\"F8_E4M3\",\"shape\":[4,1,1],\"data_offsets\":[16,20]}}    ";
+    const uint64_t data_len = 20;
+    k3_st_header h;
+    k3_err e = {0};
+    CHECK_EQ_INT(k3_st_header_parse(&h, "fuzz", (const uint8_t *)base, strlen(base), 8 + strlen(base) + data_len, &e), 0);
+    CHECK_EQ_U64(h.count, 4);
+    k3_st_header_free(&h);
+    uint8_t buf[1024];
+    int accepted = 0;
+    /* K3_FUZZ_ITERS=N runs a longer session (and K3_FUZZ_SEED another one) */
+    long iters = getenv("K3_FUZZ_ITERS") ? strtol(getenv("K3_FUZZ_ITERS"), NULL, 10) : 30000;
+    if (getenv("K3_FUZZ_SEED"))
+        rng_state ^= (uint64_t)strtoull(getenv("K3_FUZZ_SEED"), NULL, 10) * 0x9E3779B97F4A7C15ull;
+    for (long iter = 0; iter < iters; iter++) {
+        size_t n = strlen(base);
+        memcpy(buf, base, n);
+        int edits = 1 + (int)(rnd() % 3);
+        for (int k = 0; k < edits; k++)
+            mutate(buf, &n, sizeof buf);
+        /* exact-size heap copy, so a read past the end is caught by ASan */
+        uint8_t *text = malloc(n ? n : 1);
+        memcpy(text, buf, n);
+        uint64_t fsize = 8 + n + (rnd() % 4 ? data_len : rnd() % 64);
+        k3_err_clear(&e);
+        int rc = k3_st_header_parse(&h, "fuzz", text, n, fsize, &e);
+        if (rc == 0) {
+            accepted++;
+            /* whatever was accepted tiles the data area */
+            uint64_t at = h.data_start;
+            for (uint64_t i = 0; i < h.count; i++) {
+                CHECK_EQ_U64(h.tensors[i].offset, at);
+                CHECK(h.tensors[i].name[0] != '\0');
+                at += h.tensors[i].nbytes;
+            }
+            CHECK_EQ_U64(at, fsize);
+        } else {
+            CHECK(rc == K3_EFORMAT || rc == K3_ELIMIT);
+            CHECK_STR_CONTAINS(e.msg, "fuzz: byte ");
+            CHECK(h.tensors == NULL && h.names == NULL);
+        }
+        k3_st_header_free(&h);
+        free(text);
+    }
+    fprintf(stderr, "  (%d of %ld mutated headers accepted, all tiling their data)\n", accepted, iters);
+}
+
+K3_TEST(st_index_parser_survives_mutated_indexes)
+{
+    const char *dir = k3t_tmpdir();
+    write_three_shards(dir);
+    write_index(dir, NULL, NULL);
+    char *path = pathf("%s/model.safetensors.index.json", dir);
+    char *base;
+    uint64_t blen;
+    k3_err e = {0};
+    CHECK_EQ_INT(k3_io_read_file(path, 1 << 20, &base, &blen, &e), 0);
+    uint8_t *buf = malloc(blen + 4096);
+    int opened = 0;
+    for (int iter = 0; iter < 200; iter++) {
+        size_t n = blen;
+        memcpy(buf, base, n);
+        mutate(buf, &n, blen + 4096);
+        FILE *f = fopen(path, "w");
+        CHECK(f != NULL);
+        CHECK_EQ_U64(fwrite(buf, 1, n, f), n);
+        CHECK_EQ_INT(fclose(f), 0);
+        k3_st *st = NULL;
+        k3_err_clear(&e);
+        int rc = k3_st_open(&st, dir, 0, &e);
+        if (rc == 0) {
+            opened++;
+            CHECK_EQ_U64(k3_st_tensor_count(st), 6);
+            k3_st_close(st);
+        } else {
+            CHECK(st == NULL);
+            CHECK(e.msg[0] != '\0');
+        }
+    }
+    free(buf);
+    free(base);
+    fprintf(stderr, "  (%d of 200 mutated indexes accepted)\n", opened);
 }
