@@ -673,7 +673,7 @@ static void st_close(k3_ws *ws)
 
 static const k3_ws_ops stream_ops = {
     "stream", st_describe, st_acquire, st_release, st_embed,
-    st_batch_max, st_experts_acquire, st_experts_release, st_close,
+    st_batch_max, st_experts_acquire, st_experts_release, st_close, st_experts_prefetch,
 };
 
 static void name_of(char *out, size_t cap, uint32_t g, uint32_t nl, k3_wslot s)
