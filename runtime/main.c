@@ -64,6 +64,8 @@ static void usage(FILE *f)
             "                         and reports reads, I/O wait, hit rate and peak RSS\n"
             "  --plan                 with --ram: print the memory plan and exit\n"
             "  --trace FILE           with --ram: write every expert request to FILE\n"
+            "  --no-trunk-crc         with --ram: do not CRC-check streamed trunk units (expert\n"
+            "                         records and pinned units are always checked)\n"
             "output:\n"
             "  --json                 one JSON object: prompt_ids, generated_ids, text, timings\n"
             "  --logits FILE          float32 LE logits of the last prompt position [V]\n"
@@ -263,7 +265,7 @@ int main(int argc, char **argv)
     int json = 0, tokenize = 0, detokenize = 0;
     const char *ram_arg = NULL, *trace_path = NULL;
     uint64_t ram = 0;
-    int plan_only = 0;
+    int plan_only = 0, trunk_crc = 1;
     k3_io_fault_reset();
 
     for (int i = 1; i < argc; i++) {
@@ -336,6 +338,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--trace")) {
             NEEDV();
             trace_path = v;
+        } else if (!strcmp(a, "--no-trunk-crc")) {
+            trunk_crc = 0;
         } else if (!strcmp(a, "--plan")) {
             plan_only = 1;
         } else if (!strcmp(a, "--json")) {
@@ -527,6 +531,7 @@ int main(int argc, char **argv)
         so.max_ctx = n_ids + (uint32_t)gen;
         so.nthreads = (uint32_t)omp_get_max_threads();
         so.trace_path = trace_path;
+        so.trunk_crc = trunk_crc;
         rc = k3_ws_stream_plan(ws, &so, &run.plan, &e);
         if (rc < 0)
             goto out;
