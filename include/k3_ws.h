@@ -100,6 +100,10 @@ typedef struct k3_ws_ops {
                            k3_expert_view *out, k3_err *e);
     void (*experts_release)(k3_ws *ws, uint32_t layer);
     void (*close)(k3_ws *ws);
+    /* Optional (NULL: nothing to do): a hint given right after routing, before
+     * the first experts_acquire of the layer, with every expert id the layer
+     * will ask for (ascending); a streaming source starts reading them. */
+    void (*experts_prefetch)(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n);
 } k3_ws_ops;
 
 struct k3_ws {
@@ -154,5 +158,10 @@ static inline int k3_ws_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_
     return ws->ops->experts_acquire(ws, layer, ids, n, out, e);
 }
 static inline void k3_ws_experts_release(k3_ws *ws, uint32_t layer) { ws->ops->experts_release(ws, layer); }
+static inline void k3_ws_experts_prefetch(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    if (ws->ops->experts_prefetch)
+        ws->ops->experts_prefetch(ws, layer, ids, n);
+}
 
 #endif

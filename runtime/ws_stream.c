@@ -1,0 +1,910 @@
+/*
+ * ws_stream.c - the streaming weight source (k3_stream.h): a packed model
+ * run in a RAM budget.
+ *
+ * Owns: the k3_pk handle; the pinned arena (whole trunk groups read once at
+ * start); the ring arena with its FIFO of regions and the reader thread; the
+ * expert slot arena with its LRU table and the pool of I/O threads; the
+ * trace file; the counters.
+ *
+ * Ring invariants (ring_mu):
+ *   - the FIFO q[qh..qh+qn) lists regions in the order the reader filled them;
+ *     regions never overlap; a region is READING (the reader writes it, no
+ *     one else touches it), READY, INUSE (the model holds it: only the FIFO
+ *     head can be INUSE) or ERROR;
+ *   - the reader only writes a region it has just allocated from bytes no
+ *     FIFO entry covers, so a region queued or in use is never overwritten;
+ *   - the model consumes in FIFO order: acquire(g) drops READY/ERROR heads
+ *     that are not g (a prediction miss: e.g. the head group is skipped when
+ *     no logits are asked), waits for a READING head, and resynchronises the
+ *     reader's position when the FIFO is empty.
+ * Expert invariants (x_mu): a slot is EMPTY, LOADING (one I/O thread writes
+ * it) or READY; xmap maps (layer, expert) to the slot holding or loading it;
+ * a slot with ref > 0 or LOADING is never evicted; refs are held from
+ * prefetch/acquire to release. Every record is CRC32-checked by
+ * k3_pk_read_record before its slot becomes READY. Any read error is sticky:
+ * every later call fails with the first error.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "k3_io.h"
+#include "k3_kern.h"
+#include "k3_pk.h"
+#include "k3_stream.h"
+#include "k3_ws.h"
+
+#define RING_Q 64
+
+enum { R_READING = 1, R_READY, R_INUSE, R_ERROR };
+enum { X_EMPTY = 0, X_LOADING, X_READY, X_ERROR };
+
+typedef struct grp {
+    const uint32_t *units;
+    uint32_t nunits;
+    uint64_t bytes;            /* sum of unit sizes (at least 4096) */
+    uint64_t *unit_rel;        /* offset of each unit in the group's region */
+    uint64_t rel[K3_W_COUNT];  /* offset of each present tensor in the region */
+    uint8_t *pinned;           /* region in the pinned arena, NULL if streamed */
+} grp;
+
+typedef struct rent {
+    uint32_t g;
+    int state;
+    uint64_t off, n;
+    int rc;
+    k3_err err;
+} rent;
+
+typedef struct xslot {
+    uint32_t layer, expert;
+    int32_t ref;
+    int state;
+    uint64_t tick;
+    int rc;
+    k3_err err;
+} xslot;
+
+typedef struct ws_stream {
+    k3_ws base;
+    k3_pk *pk;
+    int direct;
+    uint32_t ng;
+    grp *grp;
+    k3_view *tmpl;             /* ng x K3_W_COUNT: dtype and shape of each slot */
+    k3_view cur[K3_W_COUNT];
+    const k3_pk_tensor *embed;
+    uint8_t *rowbuf, *bounce;
+    uint64_t bounce_cap;
+    const k3_pk_expert_layout *lay;
+    int started, planned, trunk_crc;
+    k3_stream_plan plan;
+    /* arenas */
+    uint8_t *pin_arena, *ring, *xarena;
+    uint64_t pin_map, ring_map, x_map;
+    /* ring */
+    pthread_mutex_t ring_mu;
+    pthread_cond_t ring_cv;    /* any change of the FIFO or of the reader position */
+    pthread_t reader;
+    int reader_on, stop;
+    uint64_t ring_cap;
+    rent q[RING_Q];
+    uint32_t qh, qn;
+    uint32_t *order, norder, next, *pos;   /* streamed groups in acquire order */
+    /* experts */
+    pthread_mutex_t x_mu;
+    pthread_cond_t x_cv;       /* slot state changes, refs dropped */
+    pthread_cond_t io_cv;      /* jobs queued */
+    pthread_t *io;
+    uint32_t nio, io_on;
+    xslot *xs;
+    uint32_t nslots;
+    uint32_t *xmap;            /* NL x NE -> slot + 1 */
+    uint32_t *jobs, jh, jn;
+    uint32_t *held, nheld;     /* refs of the current batch */
+    uint32_t *pf, npf;         /* refs taken by experts_prefetch, not yet claimed */
+    uint32_t *miss, nmiss;
+    uint64_t tick;
+    int xfailed;
+    k3_err xerr;
+    FILE *trace;
+    k3_stream_stats st;
+} ws_stream;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int32_t group_layer(const ws_stream *w, uint32_t g)
+{
+    return g + 1 == w->ng ? K3_PK_LAYER_HEAD : (int32_t)g;
+}
+
+static void group_name(const ws_stream *w, uint32_t g, char *out, size_t cap)
+{
+    if (g + 1 == w->ng)
+        snprintf(out, cap, "the head");
+    else
+        snprintf(out, cap, "layer %u", g);
+}
+
+/* Append context to the message of error rc already recorded in e. */
+static int err_wrap(k3_err *e, int rc, const char *what)
+{
+    if (!e)
+        return rc;
+    char m[K3_ERR_MSG_MAX];
+    int sys = e->sys_errno;
+    snprintf(m, sizeof m, "%s", e->msg);
+    k3_err_clear(e);
+    k3_err_set(e, rc, "%s (%s)", m, what);
+    e->sys_errno = sys;
+    return rc;
+}
+
+/* ------------------------------------------------------------- arenas */
+
+static uint8_t *arena_alloc(uint64_t n, uint64_t *mapped)
+{
+    *mapped = k3_stream_arena_bytes(n);
+    if (!*mapped)
+        return NULL;
+    if (*mapped >= (4ull << 20))
+        return k3_io_huge_alloc(*mapped);
+    uint8_t *p = k3_io_alloc_aligned(*mapped, K3_PK_ALIGN);
+    if (p)
+        memset(p, 0, *mapped);   /* touch once now, not in the middle of a token */
+    return p;
+}
+
+static void arena_free(uint8_t *p, uint64_t mapped)
+{
+    if (!p)
+        return;
+    if (mapped >= (4ull << 20))
+        k3_io_huge_free(p, mapped);
+    else
+        k3_io_free_aligned(p);
+}
+
+/* -------------------------------------------------------------- trunk */
+
+static int read_group(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_err *e)
+{
+    const grp *G = &w->grp[g];
+    for (uint32_t i = 0; i < G->nunits; i++) {
+        int rc = k3_pk_read_unit(w->pk, G->units[i], dst + G->unit_rel[i], crc, e);
+        if (rc < 0) {
+            char name[48], what[64];
+            group_name(w, g, name, sizeof name);
+            snprintf(what, sizeof what, "trunk of %s", name);
+            return err_wrap(e, rc, what);
+        }
+    }
+    return 0;
+}
+
+/* Where a region of n bytes fits after the FIFO's newest entry. */
+static int ring_fit(const ws_stream *w, uint64_t n, uint64_t *off)
+{
+    if (n > w->ring_cap)
+        return 0;
+    if (w->qn == 0) {
+        *off = 0;
+        return 1;
+    }
+    const rent *first = &w->q[w->qh], *last = &w->q[(w->qh + w->qn - 1) % RING_Q];
+    uint64_t end = last->off + last->n;
+    if (last->off >= first->off) {     /* not wrapped: free [end, cap) and [0, first) */
+        if (n <= w->ring_cap - end) {
+            *off = end;
+            return 1;
+        }
+        if (n <= first->off) {
+            *off = 0;
+            return 1;
+        }
+        return 0;
+    }
+    if (n <= first->off - end) {       /* wrapped: free [end, first) */
+        *off = end;
+        return 1;
+    }
+    return 0;
+}
+
+static void *reader_main(void *arg)
+{
+    ws_stream *w = arg;
+    pthread_mutex_lock(&w->ring_mu);
+    while (!w->stop) {
+        uint32_t g = w->order[w->next];
+        uint64_t off;
+        if (w->qn == RING_Q || !ring_fit(w, w->grp[g].bytes, &off)) {
+            pthread_cond_wait(&w->ring_cv, &w->ring_mu);
+            continue;
+        }
+        rent *r = &w->q[(w->qh + w->qn) % RING_Q];
+        r->g = g;
+        r->off = off;
+        r->n = w->grp[g].bytes;
+        r->state = R_READING;
+        r->rc = 0;
+        w->qn++;
+        w->next = (w->next + 1) % w->norder;
+        pthread_mutex_unlock(&w->ring_mu);
+        k3_err err = {0};
+        int rc = read_group(w, g, w->ring + off, w->trunk_crc, &err);
+        pthread_mutex_lock(&w->ring_mu);
+        if (rc < 0) {
+            r->rc = rc;
+            r->err = err;
+            r->state = R_ERROR;
+        } else {
+            r->state = R_READY;
+            w->st.trunk_stream_bytes += r->n;
+        }
+        pthread_cond_broadcast(&w->ring_cv);
+    }
+    pthread_mutex_unlock(&w->ring_mu);
+    return NULL;
+}
+
+static void fill_views(ws_stream *w, uint32_t g, const uint8_t *region)
+{
+    const k3_view *t = &w->tmpl[(uint64_t)g * K3_W_COUNT];
+    for (int s = 0; s < K3_W_COUNT; s++) {
+        w->cur[s] = t[s];
+        w->cur[s].data = t[s].ndim ? region + w->grp[g].rel[s] : NULL;
+    }
+}
+
+static int st_acquire(k3_ws *ws, uint32_t g, const k3_view **views, k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (!w->started)
+        return k3_err_set(e, K3_EINTERNAL, "streaming source used before k3_ws_stream_start");
+    if (g >= w->ng)
+        return k3_err_set(e, K3_EINTERNAL, "weight group %u out of range", g);
+    if (g == 0)
+        w->st.forwards++;
+    if (w->grp[g].pinned) {
+        fill_views(w, g, w->grp[g].pinned);
+        *views = w->cur;
+        return 0;
+    }
+    double t0 = now_s();
+    pthread_mutex_lock(&w->ring_mu);
+    rent *r;
+    for (;;) {
+        if (w->qn) {
+            r = &w->q[w->qh];
+            if (r->state == R_READING) {
+                pthread_cond_wait(&w->ring_cv, &w->ring_mu);
+                continue;
+            }
+            if (r->g == g)
+                break;
+            w->qh = (w->qh + 1) % RING_Q;   /* a group the model did not ask for */
+            w->qn--;
+            w->st.ring_drops++;
+            pthread_cond_broadcast(&w->ring_cv);
+            continue;
+        }
+        if (w->order[w->next] != g) {
+            w->next = w->pos[g];
+            pthread_cond_broadcast(&w->ring_cv);
+        }
+        pthread_cond_wait(&w->ring_cv, &w->ring_mu);
+    }
+    w->st.trunk_wait_s += now_s() - t0;
+    if (r->state == R_ERROR) {
+        int rc = r->rc;
+        if (e)
+            *e = r->err;
+        pthread_mutex_unlock(&w->ring_mu);
+        return rc;
+    }
+    r->state = R_INUSE;
+    uint8_t *region = w->ring + r->off;
+    pthread_mutex_unlock(&w->ring_mu);
+    fill_views(w, g, region);
+    *views = w->cur;
+    return 0;
+}
+
+static void st_release(k3_ws *ws, uint32_t g)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (g >= w->ng || w->grp[g].pinned || !w->started)
+        return;
+    pthread_mutex_lock(&w->ring_mu);
+    if (w->qn && w->q[w->qh].g == g && w->q[w->qh].state == R_INUSE) {
+        w->qh = (w->qh + 1) % RING_Q;
+        w->qn--;
+        pthread_cond_broadcast(&w->ring_cv);
+    }
+    pthread_mutex_unlock(&w->ring_mu);
+}
+
+static int st_describe(k3_ws *ws, uint32_t g, k3_wslot s, k3_view *out, k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (g >= w->ng || !w->tmpl[(uint64_t)g * K3_W_COUNT + s].ndim)
+        return k3_err_set(e, K3_ENOENT, "%s: packed model has no tensor %s in group %u", ws->dir, k3_wslot_name(s), g);
+    *out = w->tmpl[(uint64_t)g * K3_W_COUNT + s];
+    out->data = NULL;
+    return 0;
+}
+
+static int st_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    const uint64_t E = ws->cfg.hidden_size, es = k3_dtype_size(w->embed->dtype), row = E * es;
+    for (uint32_t i = 0; i < n; i++) {
+        if (ids[i] >= ws->cfg.vocab_size)
+            return k3_err_set(e, K3_EARG, "token id %u out of range (vocabulary %u)", ids[i], ws->cfg.vocab_size);
+        const k3_pk_piece *p = NULL;
+        for (uint32_t k = 0; k < w->embed->npieces; k++)
+            if (ids[i] >= w->embed->pieces[k].row_begin && ids[i] < w->embed->pieces[k].row_end)
+                p = &w->embed->pieces[k];
+        if (!p)
+            return k3_err_set(e, K3_EFORMAT, "%s: no piece of embed_tokens holds row %u", ws->dir, ids[i]);
+        const k3_pk_unit *u = k3_pk_unit_at(w->pk, p->unit);
+        uint64_t off = p->offset + (ids[i] - p->row_begin) * row;
+        int rc = k3_pk_read(w->pk, u->file, w->rowbuf, row, off, w->bounce, w->bounce_cap, e);
+        if (rc < 0) {
+            char what[48];
+            snprintf(what, sizeof what, "embedding row %u", ids[i]);
+            return err_wrap(e, rc, what);
+        }
+        w->st.embed_bytes += k3_pk_file_is_direct(w->pk, u->file)
+                                 ? (off + row + 4095) / 4096 * 4096 - off / 4096 * 4096
+                                 : row;
+        float *o = out + (uint64_t)i * E;
+        if (w->embed->dtype == K3_DT_BF16)
+            k3_bf16_to_f32_n((const uint16_t *)w->rowbuf, o, E);
+        else
+            memcpy(o, w->rowbuf, E * sizeof(float));
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ experts */
+
+static void *io_main(void *arg)
+{
+    ws_stream *w = arg;
+    pthread_mutex_lock(&w->x_mu);
+    while (!w->stop) {
+        if (w->jn == 0) {
+            pthread_cond_wait(&w->io_cv, &w->x_mu);
+            continue;
+        }
+        uint32_t s = w->jobs[w->jh];
+        w->jh = (w->jh + 1) % w->nslots;
+        w->jn--;
+        xslot *x = &w->xs[s];
+        uint32_t layer = x->layer, expert = x->expert;
+        pthread_mutex_unlock(&w->x_mu);
+        k3_err err = {0};
+        int rc = k3_pk_read_record(w->pk, layer, expert, w->xarena + (uint64_t)s * w->lay->stride, 1, &err);
+        if (rc < 0 && rc != K3_ECORRUPT) {   /* the CRC message already names them */
+            char what[48];
+            snprintf(what, sizeof what, "layer %u expert %u", layer, expert);
+            err_wrap(&err, rc, what);
+        }
+        pthread_mutex_lock(&w->x_mu);
+        if (rc < 0) {
+            x->state = X_ERROR;
+            x->rc = rc;
+            x->err = err;
+        } else {
+            x->state = X_READY;
+            w->st.expert_bytes += w->lay->stride;
+        }
+        pthread_cond_broadcast(&w->x_cv);
+    }
+    pthread_mutex_unlock(&w->x_mu);
+    return NULL;
+}
+
+static int find_victim(ws_stream *w)
+{
+    int best = -1;
+    for (uint32_t s = 0; s < w->nslots; s++) {
+        const xslot *x = &w->xs[s];
+        if (x->ref > 0 || x->state == X_LOADING)
+            continue;
+        if (x->state == X_EMPTY)
+            return (int)s;
+        if (best < 0 || x->tick < w->xs[best].tick)
+            best = (int)s;
+    }
+    return best;
+}
+
+/* Queue the collected misses sorted by (file, offset). */
+static void flush_misses(ws_stream *w)
+{
+    for (uint32_t i = 1; i < w->nmiss; i++)
+        for (uint32_t j = i; j > 0; j--) {
+            const xslot *a = &w->xs[w->miss[j - 1]], *b = &w->xs[w->miss[j]];
+            const k3_pk_record *ra = k3_pk_record_find(w->pk, a->layer, a->expert);
+            const k3_pk_record *rb = k3_pk_record_find(w->pk, b->layer, b->expert);
+            if (ra->file < rb->file || (ra->file == rb->file && ra->offset <= rb->offset))
+                break;
+            uint32_t t = w->miss[j];
+            w->miss[j] = w->miss[j - 1];
+            w->miss[j - 1] = t;
+        }
+    for (uint32_t i = 0; i < w->nmiss; i++) {
+        w->jobs[(w->jh + w->jn) % w->nslots] = w->miss[i];
+        w->jn++;
+    }
+    if (w->nmiss)
+        pthread_cond_broadcast(&w->io_cv);
+    w->nmiss = 0;
+}
+
+/* Take a reference on (layer, expert), starting its read on a miss. Returns
+ * the slot, or -1 if no slot can be freed right now. */
+static int take(ws_stream *w, uint32_t layer, uint32_t expert, int count)
+{
+    uint64_t key = (uint64_t)layer * w->base.cfg.num_experts + expert;
+    int s = (int)w->xmap[key] - 1;
+    if (s >= 0) {
+        w->xs[s].ref++;
+        w->xs[s].tick = ++w->tick;
+        if (count) {
+            w->st.expert_requests++;
+            w->st.expert_hits++;
+        }
+        if (w->trace && count)
+            fprintf(w->trace, "%llu %u %u H\n", (unsigned long long)w->st.forwards, layer, expert);
+        return s;
+    }
+    s = find_victim(w);
+    if (s < 0)
+        return -1;
+    xslot *x = &w->xs[s];
+    if (x->state != X_EMPTY)
+        w->xmap[(uint64_t)x->layer * w->base.cfg.num_experts + x->expert] = 0;
+    x->layer = layer;
+    x->expert = expert;
+    x->state = X_LOADING;
+    x->ref = 1;
+    x->tick = ++w->tick;
+    w->xmap[key] = (uint32_t)s + 1;
+    w->miss[w->nmiss++] = (uint32_t)s;
+    if (count)
+        w->st.expert_requests++;
+    if (w->trace && count)
+        fprintf(w->trace, "%llu %u %u M\n", (unsigned long long)w->st.forwards, layer, expert);
+    return s;
+}
+
+static void st_experts_prefetch(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (!w->started || !w->lay || layer >= ws->cfg.num_hidden_layers)
+        return;
+    pthread_mutex_lock(&w->x_mu);
+    if (!w->xfailed) {
+        for (uint32_t i = 0; i < w->npf; i++)
+            w->xs[w->pf[i]].ref--;
+        w->npf = 0;
+        for (uint32_t i = 0; i < n && i < w->nslots; i++) {
+            if (ids[i] >= ws->cfg.num_experts)
+                break;
+            int s = take(w, layer, ids[i], 1);
+            if (s < 0)
+                break;
+            w->pf[w->npf++] = (uint32_t)s;
+        }
+        flush_misses(w);
+    }
+    pthread_mutex_unlock(&w->x_mu);
+}
+
+static uint32_t st_batch_max(k3_ws *ws)
+{
+    ws_stream *w = (ws_stream *)ws;
+    return w->nslots ? w->nslots : 1;
+}
+
+static int st_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n, k3_expert_view *out,
+                              k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (!w->started || !w->lay)
+        return k3_err_set(e, K3_EINTERNAL, "%s: no expert cache (not started or no MoE layer)", ws->dir);
+    if (n > w->nslots || layer >= ws->cfg.num_hidden_layers)
+        return k3_err_set(e, K3_EINTERNAL, "expert batch of %u for layer %u (cache of %u slots)", n, layer,
+                          w->nslots);
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] >= ws->cfg.num_experts)
+            return k3_err_set(e, K3_EINTERNAL, "expert %u of layer %u out of range", ids[i], layer);
+    double t0 = now_s();
+    pthread_mutex_lock(&w->x_mu);
+    if (w->xfailed)
+        goto failed;
+    /* refs taken by prefetch for this batch are claimed; the others dropped */
+    w->nheld = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int got = -1;
+        for (uint32_t k = 0; k < w->npf; k++) {
+            const xslot *x = &w->xs[w->pf[k]];
+            if (x->layer == layer && x->expert == ids[i]) {
+                got = (int)w->pf[k];
+                w->pf[k] = w->pf[--w->npf];
+                break;
+            }
+        }
+        w->held[i] = got < 0 ? UINT32_MAX : (uint32_t)got;
+    }
+    for (uint32_t k = 0; k < w->npf; k++)
+        w->xs[w->pf[k]].ref--;
+    w->npf = 0;
+    for (uint32_t i = 0; i < n;) {
+        if (w->held[i] != UINT32_MAX) {
+            i++;
+            continue;
+        }
+        int s = take(w, layer, ids[i], 1);
+        if (s < 0) {   /* every free slot is still loading: let them land */
+            flush_misses(w);
+            pthread_cond_wait(&w->x_cv, &w->x_mu);
+            continue;
+        }
+        w->held[i] = (uint32_t)s;
+        i++;
+    }
+    w->nheld = n;
+    flush_misses(w);
+    for (uint32_t i = 0; i < n;) {
+        xslot *x = &w->xs[w->held[i]];
+        if (x->state == X_LOADING) {
+            pthread_cond_wait(&w->x_cv, &w->x_mu);
+            continue;
+        }
+        if (x->state == X_ERROR) {
+            w->xfailed = 1;
+            w->xerr = x->err;
+            w->xerr.code = x->rc;
+            goto failed;
+        }
+        i++;
+    }
+    pthread_mutex_unlock(&w->x_mu);
+    w->st.expert_wait_s += now_s() - t0;
+    const k3_pk_expert_layout *l = w->lay;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *r = w->xarena + (uint64_t)w->held[i] * l->stride;
+        out[i].packed[0] = r + l->w1_packed;
+        out[i].scales[0] = r + l->w1_scales;
+        out[i].packed[1] = r + l->w3_packed;
+        out[i].scales[1] = r + l->w3_scales;
+        out[i].packed[2] = r + l->w2_packed;
+        out[i].scales[2] = r + l->w2_scales;
+    }
+    return 0;
+failed:;
+    int rc = w->xerr.code ? w->xerr.code : K3_EIO;
+    if (e)
+        *e = w->xerr;
+    pthread_mutex_unlock(&w->x_mu);
+    return rc;
+}
+
+static void st_experts_release(k3_ws *ws, uint32_t layer)
+{
+    ws_stream *w = (ws_stream *)ws;
+    (void)layer;
+    if (!w->started || !w->lay)
+        return;
+    pthread_mutex_lock(&w->x_mu);
+    for (uint32_t i = 0; i < w->nheld; i++)
+        if (w->held[i] != UINT32_MAX)
+            w->xs[w->held[i]].ref--;
+    w->nheld = 0;
+    pthread_cond_broadcast(&w->x_cv);
+    pthread_mutex_unlock(&w->x_mu);
+}
+
+/* -------------------------------------------------------------- life */
+
+static void st_close(k3_ws *ws)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (w->reader_on) {
+        pthread_mutex_lock(&w->ring_mu);
+        w->stop = 1;
+        pthread_cond_broadcast(&w->ring_cv);
+        pthread_mutex_unlock(&w->ring_mu);
+        pthread_join(w->reader, NULL);
+    }
+    if (w->io_on) {
+        pthread_mutex_lock(&w->x_mu);
+        w->stop = 1;
+        pthread_cond_broadcast(&w->io_cv);
+        pthread_mutex_unlock(&w->x_mu);
+        for (uint32_t i = 0; i < w->io_on; i++)
+            pthread_join(w->io[i], NULL);
+    }
+    if (w->started) {
+        pthread_mutex_destroy(&w->ring_mu);
+        pthread_cond_destroy(&w->ring_cv);
+        pthread_mutex_destroy(&w->x_mu);
+        pthread_cond_destroy(&w->x_cv);
+        pthread_cond_destroy(&w->io_cv);
+    }
+    if (w->trace)
+        fclose(w->trace);
+    arena_free(w->pin_arena, w->pin_map);
+    arena_free(w->ring, w->ring_map);
+    arena_free(w->xarena, w->x_map);
+    if (w->grp)
+        for (uint32_t g = 0; g < w->ng; g++)
+            free(w->grp[g].unit_rel);
+    free(w->grp);
+    free(w->tmpl);
+    free(w->order);
+    free(w->pos);
+    free(w->io);
+    free(w->xs);
+    free(w->xmap);
+    free(w->jobs);
+    free(w->held);
+    free(w->pf);
+    free(w->miss);
+    free(w->rowbuf);
+    k3_io_free_aligned(w->bounce);
+    k3_pk_close(w->pk);
+    free(w);
+}
+
+static const k3_ws_ops stream_ops = {
+    "stream", st_describe, st_acquire, st_release, st_embed,
+    st_batch_max, st_experts_acquire, st_experts_release, st_close, st_experts_prefetch,
+};
+
+static void name_of(char *out, size_t cap, uint32_t g, uint32_t nl, k3_wslot s)
+{
+    if (g == nl)
+        snprintf(out, cap, "language_model.%s", k3_wslot_name(s));
+    else
+        snprintf(out, cap, "language_model.model.layers.%u.%s", g, k3_wslot_name(s));
+}
+
+int k3_ws_stream_open(k3_ws **out, const char *dir, int direct, k3_err *e)
+{
+    *out = NULL;
+    ws_stream *w = calloc(1, sizeof *w);
+    if (!w)
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+    w->base.ops = &stream_ops;
+    snprintf(w->base.dir, sizeof w->base.dir, "%s", dir);
+    int rc = k3_pk_open(&w->pk, dir, direct ? K3_PK_DIRECT : 0, e);
+    if (rc < 0) {
+        free(w);
+        return rc;
+    }
+    w->direct = 1;
+    for (uint32_t i = 0; i < k3_pk_file_count(w->pk); i++) {
+        const k3_pk_file *f = k3_pk_file_at(w->pk, i);
+        if ((f->kind == K3_PK_FILE_TRUNK || f->kind == K3_PK_FILE_EXPERTS) && !k3_pk_file_is_direct(w->pk, i))
+            w->direct = 0;
+    }
+    w->base.cfg = *k3_pk_cfg(w->pk);
+    if (k3_pk_tokenizer_file(w->pk, "tiktoken.model"))
+        snprintf(w->base.tok_dir, sizeof w->base.tok_dir, "%s", k3_pk_tokenizer_dir(w->pk));
+    const k3_cfg *c = &w->base.cfg;
+    const uint32_t NL = c->num_hidden_layers;
+    w->ng = NL + 1;
+    w->grp = calloc(w->ng, sizeof *w->grp);
+    w->tmpl = calloc((uint64_t)w->ng * K3_W_COUNT, sizeof *w->tmpl);
+    w->rowbuf = malloc((uint64_t)c->hidden_size * 4);
+    w->bounce_cap = ((uint64_t)c->hidden_size * 4 + 3 * K3_PK_ALIGN) / K3_PK_ALIGN * K3_PK_ALIGN;
+    w->bounce = k3_io_alloc_aligned(w->bounce_cap, K3_PK_ALIGN);
+    if (!w->grp || !w->tmpl || !w->rowbuf || !w->bounce) {
+        st_close(&w->base);
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+    }
+    char name[512];
+    for (uint32_t g = 0; g < w->ng && rc == 0; g++) {
+        grp *G = &w->grp[g];
+        k3_pk_layer_units(w->pk, group_layer(w, g), &G->units, &G->nunits);
+        G->unit_rel = calloc(G->nunits + 1, sizeof *G->unit_rel);
+        if (!G->unit_rel) {
+            rc = k3_err_set(e, K3_ENOMEM, "out of memory");
+            break;
+        }
+        for (uint32_t i = 0; i < G->nunits; i++) {
+            G->unit_rel[i] = G->bytes;
+            G->bytes += k3_pk_unit_at(w->pk, G->units[i])->nbytes;
+        }
+        if (G->bytes < K3_PK_ALIGN)
+            G->bytes = K3_PK_ALIGN;
+        for (int s = 0; s < K3_W_COUNT && rc == 0; s++) {
+            name_of(name, sizeof name, g, NL, (k3_wslot)s);
+            const k3_pk_tensor *t = k3_pk_tensor_find(w->pk, name);
+            if (!t)
+                continue;
+            if (t->ndim == 0 || t->ndim > 4) {
+                rc = k3_err_set(e, K3_EFORMAT, "%s: tensor %s has %u dimensions", dir, name, t->ndim);
+                break;
+            }
+            if (t->npieces != 1) {
+                rc = k3_err_set(e, K3_EFORMAT,
+                                "%s: tensor %s is split into %u row pieces: the streaming source needs each trunk "
+                                "tensor in one piece (row-range consumption is not implemented)",
+                                dir, name, t->npieces);
+                break;
+            }
+            const k3_pk_piece *p = &t->pieces[0];
+            int found = 0;
+            for (uint32_t i = 0; i < G->nunits; i++)
+                if (G->units[i] == p->unit) {
+                    G->rel[s] = G->unit_rel[i] + (p->offset - k3_pk_unit_at(w->pk, p->unit)->offset);
+                    found = 1;
+                }
+            if (!found) {
+                rc = k3_err_set(e, K3_EFORMAT, "%s: tensor %s lives in a unit of another layer", dir, name);
+                break;
+            }
+            k3_view *v = &w->tmpl[(uint64_t)g * K3_W_COUNT + s];
+            v->dtype = t->dtype;
+            v->ndim = t->ndim;
+            for (uint32_t d = 0; d < t->ndim; d++)
+                v->shape[d] = t->shape[d];
+        }
+    }
+    if (rc == 0) {
+        w->embed = k3_pk_tensor_find(w->pk, "language_model.model.embed_tokens.weight");
+        if (!w->embed || (w->embed->dtype != K3_DT_BF16 && w->embed->dtype != K3_DT_F32) || w->embed->ndim != 2 ||
+            w->embed->shape[0] != c->vocab_size || w->embed->shape[1] != c->hidden_size)
+            rc = k3_err_set(e, K3_EFORMAT, "%s: embed_tokens.weight missing or not as expected: BF16/F32 [%u, %u]",
+                            dir, c->vocab_size, c->hidden_size);
+    }
+    w->lay = k3_pk_experts(w->pk);
+    if (rc == 0 && w->lay &&
+        (w->lay->rows_w13 != c->moe_intermediate_size || w->lay->cols_w13 != c->routed_expert_hidden_size))
+        rc = k3_err_set(e, K3_EFORMAT, "%s: expert records are %ux%u, expected %ux%u from the config", dir,
+                        w->lay->rows_w13, w->lay->cols_w13, c->moe_intermediate_size, c->routed_expert_hidden_size);
+    if (rc < 0) {
+        st_close(&w->base);
+        return rc;
+    }
+    *out = &w->base;
+    return 0;
+}
+
+int k3_ws_stream_direct(const k3_ws *ws) { return ((const ws_stream *)ws)->direct; }
+
+void k3_ws_stream_stats(const k3_ws *ws, k3_stream_stats *st)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (w->started) {
+        pthread_mutex_lock(&w->ring_mu);
+        pthread_mutex_lock(&w->x_mu);
+    }
+    *st = w->st;
+    st->trunk_bytes = w->st.trunk_stream_bytes + w->st.pinned_bytes + w->st.embed_bytes;
+    if (w->started) {
+        pthread_mutex_unlock(&w->x_mu);
+        pthread_mutex_unlock(&w->ring_mu);
+    }
+}
+
+int k3_ws_stream_plan(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan, k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    const k3_cfg *c = &ws->cfg;
+    uint64_t gb[K3_CFG_MAX_LAYERS + 1];
+    for (uint32_t g = 0; g < w->ng; g++)
+        gb[g] = w->grp[g].bytes;
+    uint32_t nmoe = c->num_hidden_layers > c->first_k_dense_replace
+                        ? c->num_hidden_layers - c->first_k_dense_replace : 0;
+    k3_stream_shape sh = {w->ng, gb, (uint64_t)c->hidden_size * k3_dtype_size(w->embed->dtype),
+                          w->lay ? w->lay->stride : 0, nmoe, c->num_experts, c->num_experts_per_token};
+    k3_stream_opts oo = *o;
+    if (!oo.baseline)
+        oo.baseline = k3_stream_rss_now();
+    int rc = k3_stream_plan_make(&sh, c, &oo, &w->plan, e);
+    if (rc < 0)
+        return rc;
+    w->planned = 1;
+    if (plan)
+        *plan = w->plan;
+    return 0;
+}
+
+int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan, k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (w->started)
+        return k3_err_set(e, K3_EINTERNAL, "streaming source started twice");
+    int rc = w->planned ? 0 : k3_ws_stream_plan(ws, o, NULL, e);
+    if (rc < 0)
+        return rc;
+    if (plan)
+        *plan = w->plan;
+    w->trunk_crc = o->trunk_crc;
+    const k3_cfg *c = &ws->cfg;
+    const k3_stream_plan *p = &w->plan;
+    /* counters and tables first (small), then the arenas */
+    w->order = calloc(w->ng, sizeof *w->order);
+    w->pos = calloc(w->ng, sizeof *w->pos);
+    if (!w->order || !w->pos)
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+    for (uint32_t g = 0; g < w->ng; g++)
+        if (!p->pinned[g]) {
+            w->pos[g] = w->norder;
+            w->order[w->norder++] = g;
+        }
+    if (w->lay) {
+        w->nslots = p->expert_slots;
+        w->nio = o->io_threads ? o->io_threads : 4;
+        if (w->nio > w->nslots)
+            w->nio = w->nslots;
+        w->xs = calloc(w->nslots, sizeof *w->xs);
+        w->xmap = calloc((uint64_t)c->num_hidden_layers * c->num_experts, sizeof *w->xmap);
+        w->jobs = calloc(w->nslots, sizeof *w->jobs);
+        w->held = calloc(w->nslots, sizeof *w->held);
+        w->pf = calloc(w->nslots, sizeof *w->pf);
+        w->miss = calloc(w->nslots, sizeof *w->miss);
+        w->io = calloc(w->nio, sizeof *w->io);
+        if (!w->xs || !w->xmap || !w->jobs || !w->held || !w->pf || !w->miss || !w->io)
+            return k3_err_set(e, K3_ENOMEM, "out of memory");
+    }
+    if (o->trace_path) {
+        w->trace = fopen(o->trace_path, "w");
+        if (!w->trace)
+            return k3_err_sys(e, K3_EIO, errno, "%s: cannot create the trace file", o->trace_path);
+        fprintf(w->trace, "# k3-run expert trace: forward layer expert H|M (hit or miss at first request)\n");
+    }
+    w->pin_arena = p->trunk_pinned ? arena_alloc(p->trunk_pinned, &w->pin_map) : NULL;
+    w->ring = p->ring ? arena_alloc(p->ring, &w->ring_map) : NULL;
+    w->ring_cap = p->ring;
+    w->xarena = p->expert_slots ? arena_alloc((uint64_t)p->expert_slots * w->lay->stride, &w->x_map) : NULL;
+    if ((p->trunk_pinned && !w->pin_arena) || (p->ring && !w->ring) || (p->expert_slots && !w->xarena))
+        return k3_err_set(e, K3_ENOMEM, "cannot map the planned arenas (%llu bytes)",
+                          (unsigned long long)(p->mapped_pinned + p->mapped_ring + p->expert_bytes));
+    double t0 = now_s();
+    uint64_t at = 0;
+    for (uint32_t g = 0; g < w->ng; g++)
+        if (p->pinned[g]) {
+            w->grp[g].pinned = w->pin_arena + at;
+            rc = read_group(w, g, w->grp[g].pinned, 1, e);
+            if (rc < 0)
+                return rc;
+            at += w->grp[g].bytes;
+            w->st.pinned_bytes += w->grp[g].bytes;
+        }
+    w->st.load_s = now_s() - t0;
+    pthread_mutex_init(&w->ring_mu, NULL);
+    pthread_cond_init(&w->ring_cv, NULL);
+    pthread_mutex_init(&w->x_mu, NULL);
+    pthread_cond_init(&w->x_cv, NULL);
+    pthread_cond_init(&w->io_cv, NULL);
+    w->started = 1;
+    if (w->norder) {
+        if (pthread_create(&w->reader, NULL, reader_main, w) != 0)
+            return k3_err_set(e, K3_ENOMEM, "cannot start the reader thread");
+        w->reader_on = 1;
+    }
+    for (uint32_t i = 0; i < w->nio; i++) {
+        if (pthread_create(&w->io[i], NULL, io_main, w) != 0)
+            return k3_err_set(e, K3_ENOMEM, "cannot start an I/O thread");
+        w->io_on++;
+    }
+    return 0;
+}
