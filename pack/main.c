@@ -190,7 +190,7 @@ int main(int argc, char **argv)
     rc = k3_pack_plan_build(&p, pos[0], plan_only ? NULL : pos[1], &o, &e);
     if (rc)
         goto fail;
-    if (!json || plan_only)
+    if (plan_only || (!json && !o.quiet))
         k3_pack_plan_print(&p, json ? stderr : plan_only ? stdout : stderr, "k3-pack: ");
     k3_pack_stats s = {0};
     if (!plan_only) {

@@ -53,8 +53,8 @@ static int check_stop(k3_err *e)
  * point. STAGE: "trunk" after the N-th trunk piece is written (the trunk
  * temporary is half written), "file" after output file N is published but
  * before its journal entry, "journaled" after its journal entry, "manifest"
- * after manifest.json is in the temporary directory, before the rename (N
- * ignored). */
+ * after manifest.json is in the temporary directory, "renaming" after the
+ * journal is removed, before the rename (N ignored for both). */
 static void crash_point(const char *stage, uint32_t n)
 {
     const char *v = getenv("K3_PACK_CRASH");
@@ -65,7 +65,7 @@ static void crash_point(const char *stage, uint32_t n)
         return;
     char *end;
     unsigned long want = strtoul(v + l + 1, &end, 10);
-    if (*end == 0 && (want == n || !strcmp(stage, "manifest")))
+    if (*end == 0 && (want == n || !strcmp(stage, "manifest") || !strcmp(stage, "renaming")))
         raise(SIGKILL);
 }
 
@@ -458,6 +458,37 @@ static int journal_plan_cmp(const char *tmp, const k3_pack_plan *p)
     return same ? 0 : 1;
 }
 
+/* 0 if the manifest at mp is the one this plan produces (hashes of written
+ * files taken from it), K3_EEXIST if not. */
+static int same_plan_manifest(k3_pack_plan *p, const char *mp, k3_err *e)
+{
+    char *txt = NULL, *mine = NULL;
+    uint64_t len;
+    k3_man old;
+    int rc = k3_io_read_file(mp, K3_MAN_MAX_BYTES, &txt, &len, e);
+    if (rc)
+        return rc;
+    if ((rc = k3_man_parse(&old, txt, len, mp, e))) {
+        free(txt);
+        return rc;
+    }
+    int same = old.nfiles == p->man.nfiles && old.nunits == p->man.nunits;
+    for (uint32_t i = 0; same && i < p->man.nfiles; i++)
+        memcpy(p->man.files[i].sha256, old.files[i].sha256, 32);
+    for (uint32_t u = 0; same && u < p->man.nunits; u++)
+        p->man.units[u].crc32 = old.units[u].crc32;
+    k3_man_free(&old);
+    if (same && (mine = k3_man_to_json(&p->man)))
+        same = strlen(mine) == len && !memcmp(mine, txt, len);
+    free(mine);
+    free(txt);
+    return same ? 0
+                : k3_err_set(e, K3_EEXIST,
+                             "%s is a complete repack with a different plan (other source or options): use --force "
+                             "to start again",
+                             mp);
+}
+
 int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e)
 {
     memset(s, 0, sizeof *s);
@@ -485,11 +516,15 @@ int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err
         if (o->resume && cmp == 0) {
             resuming = 1;
         } else if (o->resume && cmp < 0 && exists(mp)) {
-            /* killed after the journal was removed: complete, only the rename is left */
+            /* killed after the journal was removed: complete, only the rename
+             * is left - if it is this plan's model: the planned manifest with
+             * the written hashes taken from it must be the same text */
             k3_pk *chk = NULL;
             if ((rc = k3_pk_open(&chk, tmp, 0, e)))
                 return rc;
             k3_pk_close(chk);
+            if ((rc = same_plan_manifest(p, mp, e)))
+                return rc;
             goto publish;
         } else if (o->resume && cmp > 0) {
             return k3_err_set(e, K3_EEXIST,
@@ -579,6 +614,7 @@ int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err
     crash_point("manifest", 0);
     if ((rc = remove_tree(jdir, 0, e)) || (rc = k3_io_fsync_dir(tmp, e)))
         return rc;
+    crash_point("renaming", 0);
 
 publish:
     if (exists(dst)) {   /* --force: the old DST leaves only once the new one is complete */
