@@ -345,3 +345,24 @@ K3_TEST_TIMEOUT(kill_pack_at_random_times_then_resume_is_byte_identical, 300)
         pack_point(pk, pf, dst, what, "none", d);
     }
 }
+
+/* A kill inside the removal of the journal (after manifest.json is in the
+ * temporary, before the rename): the journal's "plan" may already be gone
+ * while other entries are still there. Simulated exactly: stop at the
+ * "manifest" hook, then remove "plan" first. --resume must still publish
+ * exactly the uninterrupted output, without the journal's remains. */
+K3_TEST_TIMEOUT(kill_pack_inside_the_journal_removal_then_resume_is_byte_identical, 120)
+{
+    char up[4096], pk[4096], pf[4096], dst[4096];
+    fixture(up, pk, pf);
+    join(dst, k3t_tmpdir(), "p");
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_PACK_CRASH=manifest:0 k3-pack --quiet --ram floor %s %s", pk, dst), 137);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "rm %s.k3-pack-tmp/.k3-pack-journal/plan", dst), 0);
+    char *err = NULL;
+    int st = k3t_runf(NULL, &err, "k3-pack --quiet --resume --ram floor %s %s", pk, dst);
+    if (st != 0)
+        fprintf(stderr, "  --resume: %s\n", err ? err : "");
+    CHECK_EQ_INT(st, 0);
+    free(err);
+    CHECK(check_packed_after_kill("k3-pack --resume after a kill inside the journal removal", dst, pf));
+}
