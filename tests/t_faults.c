@@ -682,3 +682,34 @@ K3_TEST(faults_run_upstream_read_errors_exit_4_before_any_token)
     }
     CHECK_EQ_INT(nbad, 0);
 }
+
+/* --resume --rehash re-reads the kept output files: a kept file that reads
+ * bad (EIO, short, or other bytes than its journal entry's hash) is not
+ * kept - its group is converted again, and the result is still exactly the
+ * uninterrupted one. */
+K3_TEST(faults_convert_resume_rehash_redoes_a_group_whose_kept_file_reads_bad)
+{
+    fixture f;
+    fixture_make(&f, 0);
+    for (int k = 0; k < 3; k++) {
+        char cell[128], *out = NULL, *err = NULL;
+        snprintf(cell, sizeof cell, "k3-convert --resume --rehash, %s in the kept trunk-0000.k3t", kinds[k]);
+        clean(f.out);
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_CONVERT_CRASH=journaled:2 k3-convert --quiet %s %s", f.up, f.out),
+                     137);
+        int st = k3t_runf(&out, &err, "K3_FAULT=%s:trunk-0000.k3t:1000 k3-convert --quiet --json --resume --rehash %s %s",
+                          kinds[k], f.up, f.out);
+        if (st != 0)
+            bad(cell, "status %d (%s)", st, tail(err));
+        else if (!out || !strstr(out, "\"groups_skipped\": 2"))
+            bad(cell, "group 0 was kept although its file read bad: %s", out ? out : "");
+        free(out);
+        free(err);
+        out = NULL;
+        st = k3t_runf(&out, NULL, "diff -r %s %s", f.out, f.pk);
+        if (st != 0)
+            bad(cell, "the result differs from an uninterrupted run: %s", out ? out : "");
+        free(out);
+    }
+    CHECK_EQ_INT(nbad, 0);
+}
