@@ -180,6 +180,13 @@ static void fixture(char *up, char *pk, char *pf)
         join(pf, t, "pf");
         CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack --quiet --ram floor %s %s", pk, pf), 0);
     }
+    /* the references are made by the same binaries: they must at least be
+     * what k3-verify accepts (no stray file, every hash and CRC right) */
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-verify --quiet %s", up), 0);
+    if (pk)
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-verify --quiet %s", pk), 0);
+    if (pf)
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-verify --quiet %s", pf), 0);
 }
 
 static int count_lines(const char *cmd)
