@@ -713,3 +713,79 @@ K3_TEST(faults_convert_resume_rehash_redoes_a_group_whose_kept_file_reads_bad)
     }
     CHECK_EQ_INT(nbad, 0);
 }
+
+/* An expert first asked for by a decode step (from the trace of a run of
+ * RUN_IDS with --gen 6): its record is first read after the first token is
+ * out. */
+static void decode_expert(const char *pk, uint32_t *l, uint32_t *e)
+{
+    char tr[4096];
+    join(tr, k3t_tmpdir(), "trace6.txt");
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-run %s --ids 5,9,2,7 --gen 6 --threads 1 --ram floor --trace %s", pk, tr), 0);
+    FILE *f = fopen(tr, "r");
+    CHECK(f != NULL);
+    char line[256];
+    static uint8_t seen[64][256];
+    memset(seen, 0, sizeof seen);
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long fw, ll, ee;
+        if (line[0] == '#' || sscanf(line, "%lu %lu %lu", &fw, &ll, &ee) != 3 || ll >= 64 || ee >= 256)
+            continue;
+        if (!seen[ll][ee] && fw >= 2) {
+            *l = (uint32_t)ll;
+            *e = (uint32_t)ee;
+            found = 1;
+        }
+        seen[ll][ee] = 1;
+    }
+    fclose(f);
+    CHECK(found);
+}
+
+/* A fault met during generation (an expert record first read by a decode
+ * step) stops the run there with the documented status: what was printed
+ * before is a prefix of the clean run's text (those tokens came from good
+ * bytes), nothing after; --json prints nothing. */
+K3_TEST(faults_run_fault_during_generation_stops_with_only_good_tokens_out)
+{
+    fixture f;
+    fixture_make(&f, 1);
+    const char *dirs[2] = {f.pk, f.pf};
+    static const char *rams[3] = {"", "--ram floor", "--ram resident"};
+    for (int d = 0; d < 2; d++) {
+        char *clean = NULL;
+        CHECK_EQ_INT(k3t_runf(&clean, NULL, "k3-run %s --ids 5,9,2,7 --gen 6 --threads 1", dirs[d]), 0);
+        CHECK(clean != NULL && *clean);
+        packed p;
+        packed_open(&p, dirs[d]);
+        uint32_t l = 0, e = 0;
+        decode_expert(dirs[d], &l, &e);
+        const char *name;
+        uint64_t off = expert_byte(&p, l, e, &name);
+        for (int r = 0; r < 3; r++)
+            for (int k = 0; k < 3; k++)
+                for (int j = 0; j < 2; j++) {
+                    char cell[1024], *out = NULL, *err = NULL;
+                    snprintf(cell, sizeof cell, "k3-run %s %s%s %s:%s:%llu (layer %u expert %u, first read by a decode step)",
+                             d ? "pf" : "pk", rams[r], j ? " --json" : "", kinds[k], name, (unsigned long long)off, l, e);
+                    int st = k3t_runf(&out, &err, "K3_FAULT=%s:%s:%llu k3-run %s --ids 5,9,2,7 --gen 6 --threads 1 %s %s",
+                                      kinds[k], name, (unsigned long long)off, dirs[d], rams[r], j ? "--json" : "");
+                    int want = k < 2 ? 4 : 5;
+                    if (st != want)
+                        bad(cell, "status %d, want %d (%s)", st, want, tail(err));
+                    else
+                        one_error_line(cell, "k3-run", err, name);
+                    size_t n = out ? strlen(out) : 0;
+                    if (j && n)
+                        bad(cell, "--json printed \"%s\"", out);
+                    if (!j && (n == 0 || n >= strlen(clean) || strncmp(out ? out : "", clean, n)))
+                        bad(cell, "stdout \"%s\" is not a non-empty strict prefix of the clean run's \"%s\"", out ? out : "", clean);
+                    free(out);
+                    free(err);
+                }
+        packed_close(&p);
+        free(clean);
+    }
+    CHECK_EQ_INT(nbad, 0);
+}
