@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +39,15 @@ static double now(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* user + system CPU seconds of this process so far */
+static double cpu_now(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           (double)ru.ru_stime.tv_usec / 1e6;
 }
 
 static int cmp_d(const void *a, const void *b)
@@ -125,6 +135,14 @@ static double probe_write(const char *dir, uint64_t total)
     return (double)done / t / 1e9;
 }
 
+static double thread_cpu(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* SHA-256 speed per CPU-second of one core (independent of machine load). */
 static double probe_sha(void)
 {
     const uint64_t n = 256u << 20;
@@ -132,9 +150,9 @@ static double probe_sha(void)
     uint8_t md[32];
     unsigned int l;
     EVP_Digest(buf, 1 << 20, md, &l, EVP_sha256(), NULL);
-    double t0 = now();
+    double t0 = thread_cpu();
     EVP_Digest(buf, (size_t)n, md, &l, EVP_sha256(), NULL);
-    double t = now() - t0;
+    double t = thread_cpu() - t0;
     k3_io_huge_free(buf, n);
     return (double)n / t / 1e9;
 }
@@ -166,9 +184,9 @@ int main(int argc, char **argv)
     double wr = probe_write(work, 2ull << 30);
     double sha = probe_sha();
     printf("limits: disk read %.2f GB/s (O_DIRECT, 16 MiB), disk write %.2f GB/s (O_DIRECT + fsync), "
-           "SHA-256 %.2f GB/s/core\n", rd, wr, sha);
+           "SHA-256 %.2f GB/s per CPU-second (%.2f ns/byte)\n", rd, wr, sha, 1.0 / sha);
 
-    double conv[20], ver[20], quick[20];
+    double conv[20], ver[20], quick[20], conv_cpu[20], ver_cpu[20];
     uint64_t in_bytes = 0, out_bytes = 0, rss = 0;
     for (int r = 0; r < runs; r++) {
         char cmd[8900];
@@ -179,12 +197,13 @@ int main(int argc, char **argv)
         k3_conv_opts o = {.quiet = 1};
         k3_conv_stats s;
         k3_err e = {0};
-        double t0 = now();
+        double t0 = now(), c0 = cpu_now();
         if (k3_conv_run(src, out, &o, &s, &e)) {
             fprintf(stderr, "convert failed: %s\n", e.msg);
             return 1;
         }
         conv[r] = now() - t0;
+        conv_cpu[r] = cpu_now() - c0;
         in_bytes = s.bytes_read;
         out_bytes = s.bytes_written;
         rss = s.peak_rss_kb > rss ? s.peak_rss_kb : rss;
@@ -192,8 +211,10 @@ int main(int argc, char **argv)
         k3_vfy v = {.dir = out, .full = 1, .threads = omp_get_num_procs(), .out = stderr, .sample = 32};
         pthread_mutex_init(&v.mu, NULL);
         t0 = now();
+        c0 = cpu_now();
         k3_vfy_packed(&v, &e);
         ver[r] = now() - t0;
+        ver_cpu[r] = cpu_now() - c0;
         if (v.problems) {
             fprintf(stderr, "verify found %" PRIu64 " problems\n", v.problems);
             return 1;
@@ -202,8 +223,9 @@ int main(int argc, char **argv)
         t0 = now();
         k3_vfy_packed(&v, &e);
         quick[r] = now() - t0;
-        printf("run %d: convert %.2f s (%.2f GB/s in), verify full %.2f s (%.2f GB/s), quick %.3f s\n", r + 1, conv[r],
-               (double)in_bytes / conv[r] / 1e9, ver[r], (double)out_bytes / ver[r] / 1e9, quick[r]);
+        printf("run %d: convert %.2f s (%.2f GB/s in; %.1f CPU s = %.2f ns/byte), verify full %.2f s (%.2f GB/s; "
+               "%.1f CPU s), quick %.3f s\n", r + 1, conv[r], (double)in_bytes / conv[r] / 1e9, conv_cpu[r],
+               conv_cpu[r] * 1e9 / (double)in_bytes, ver[r], (double)out_bytes / ver[r] / 1e9, ver_cpu[r], quick[r]);
         fflush(stdout);
     }
     double cm, cl, ch, vm, vl, vh, qm, ql, qh;
@@ -222,6 +244,13 @@ int main(int argc, char **argv)
            (double)out_bytes / vm / 1e9, (double)out_bytes / vh / 1e9, (double)out_bytes / vl / 1e9,
            100.0 * (double)out_bytes / vm / 1e9 / vbound, omp_get_num_procs(), vbound);
     printf("verify quick: median %.3f s (min-max %.3f-%.3f)\n", qm, ql, qh);
+    double cc[20];
+    memcpy(cc, conv_cpu, sizeof cc);
+    double ccm, ccl, cch;
+    median3(cc, runs, &ccm, &ccl, &cch);
+    printf("convert CPU: median %.2f ns/byte (min-max %.2f-%.2f); two SHA-256 passes alone cost %.2f ns/byte: "
+           "%.0f%% of the CPU goes to hashing\n", ccm * 1e9 / (double)in_bytes, ccl * 1e9 / (double)in_bytes,
+           cch * 1e9 / (double)in_bytes, 2.0 / sha, 100.0 * (2.0 / sha) / (ccm * 1e9 / (double)in_bytes));
     char cmd[8900];
     snprintf(cmd, sizeof cmd, "rm -rf %s", out);
     return system(cmd) == 0 ? 0 : 1;

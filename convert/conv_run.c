@@ -778,6 +778,11 @@ static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_err *e)
             char *txt;
             uint64_t len;
             int rc = journal_path(path, sizeof path, dst, "plan.json", e);
+            if (rc == 0 && access(path, F_OK) != 0) {
+                /* killed before the plan was written: nothing finished yet */
+                has_journal = 0;
+                goto fresh;
+            }
             if (rc == 0 && (rc = k3_io_read_file(path, 1u << 20, &txt, &len, e)) == 0) {
                 int same = strstr(txt, hex) != NULL;
                 free(txt);
@@ -796,6 +801,7 @@ static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_err *e)
         }
         if (o->resume && has_manifest)
             return 1;
+    fresh:
         if (nonempty && !o->force && !o->resume)
             return k3_err_set(e, K3_EEXIST, "%s: exists and is not empty (--force to replace, --resume to "
                               "continue an interrupted conversion)", dst);
