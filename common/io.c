@@ -5,7 +5,6 @@
  * Invariant: no function here returns success having transferred fewer bytes
  * than asked. Every message names the path and the offset.
  */
-#define _GNU_SOURCE
 #include "k3_io.h"
 
 #include <errno.h>

@@ -1,11 +1,40 @@
 /*
  * k3_cfg.h - the model configuration (SPEC §1.1) and its layer map (§1.2).
  *
- * k3_cfg_parse reads an upstream config.json in either shape (nested under
- * text_config / text_config.linear_attn_config, or flat), reports every
- * missing required field in one message, and validates the structure. The
- * normalised form written by k3_cfg_to_json is flat and is what a packed
- * model's manifest carries.
+ * k3_cfg_parse reads an upstream config.json in either shape and reports
+ * every missing required field in one message. Where fields are looked for:
+ * - nested: if the root has "text_config" (an object), fields are read from
+ *   text_config and text_config.linear_attn_config (or, if text_config has
+ *   none, the root's linear_attn_config), and not from the root itself;
+ * - flat: from the root and, if present, root.linear_attn_config.
+ * Spellings accepted (flat spelling first; each is searched in both places
+ * unless marked):
+ *   kda_num_heads | linear_attn_config.num_heads (only there)
+ *   kda_head_dim  | linear_attn_config.head_dim  (only there)
+ *   num_experts | n_routed_experts      num_experts_per_token | num_experts_per_tok
+ *   num_shared_experts | n_shared_experts      moe_renormalize | norm_topk_prob
+ *   situ_beta | activation_situ_beta    situ_linear_beta | activation_situ_linear_beta
+ *   full_attn_layers and/or kda_layers (one-based; if both, complementary)
+ *   quantization_config.group_size (text_config's, else the root's; optional,
+ *   must be 32)
+ * A field given under two spellings or in two places must have one value.
+ * A JSON null counts as absent. Unknown fields are ignored. Defaults exist
+ * only for mla_use_output_gate, moe_renormalize, latent_moe_use_norm (true)
+ * and group_size (32).
+ *
+ * Bounds (k3_cfg_validate): every width and count in [1, 2^24] (qk_nope/
+ * qk_rope_head_dim, num_shared_experts, first_k_dense_replace and
+ * intermediate_size may be 0; intermediate_size only with no dense layer),
+ * num_hidden_layers <= K3_CFG_MAX_LAYERS, top-k <= num_experts,
+ * routed_expert_hidden_size and moe_intermediate_size multiples of 32 (the
+ * MXFP4 group runs along the inputs of W1/W3 and of W2), first_k_dense_replace
+ * <= layers, 0 < rms_norm_eps < 1, gate_lower_bound < 0, positive
+ * routed_scaling_factor and SiTU caps.
+ *
+ * The normalised form written by k3_cfg_to_json is flat and is what a packed
+ * model's manifest carries: every field in its flat spelling, doubles in the
+ * shortest form that reads back exactly, full_attn_layers one-based, and
+ * "quantization_config": {"group_size": 32}.
  */
 #ifndef K3_CFG_H
 #define K3_CFG_H
@@ -50,19 +79,22 @@ typedef struct k3_cfg {
     uint8_t is_mla[K3_CFG_MAX_LAYERS];
 } k3_cfg;
 
-/* Parse config.json text (len bytes, need not be NUL-terminated). path is used
- * in messages. On error *cfg is unspecified. */
+/* Parse config.json text (len bytes, need not be NUL-terminated; at most
+ * 16 MiB; valid UTF-8; JSON nested at most 1000 levels). path is used in
+ * messages ("PATH: text_config.num_experts must be an integer, ..."). Returns
+ * 0, K3_EFORMAT or K3_ELIMIT. On error *cfg is unspecified. */
 int k3_cfg_parse(k3_cfg *cfg, const char *json, uint64_t len, const char *path, k3_err *e);
 
-/* Read and parse DIR/config.json (or a file path). */
+/* Read and parse DIR/config.json, or the file at path. */
 int k3_cfg_load(k3_cfg *cfg, const char *path, k3_err *e);
 
 /* Structural validation (indices in range, top-k <= experts, MXFP4 widths
  * divisible by 32, ...). k3_cfg_parse already calls it. */
 int k3_cfg_validate(const k3_cfg *cfg, const char *path, k3_err *e);
 
-/* The normalised flat config as a JSON text (heap, caller frees), with
- * full_attn_layers as one-based indices. Parsing it gives an equal k3_cfg. */
+/* The normalised flat config as a JSON text (heap, caller frees; NULL if out
+ * of memory), with full_attn_layers as one-based indices. Parsing it gives an
+ * equal k3_cfg. */
 char *k3_cfg_to_json(const k3_cfg *cfg);
 
 /* Layer kinds. */

@@ -4,7 +4,6 @@
  * two at a time by default (K3_TEST_JOBS). Ends with "N passed, N failed" and
  * exits 1 if anything failed.
  */
-#define _GNU_SOURCE
 #include "k3_test.h"
 
 #include <errno.h>
@@ -30,10 +29,10 @@ struct test {
 
 static struct test tests[MAX_TESTS];
 static int ntests;
-static char root[PATH_MAX];
-static char bindir[PATH_MAX];
-static char suite_tmp[PATH_MAX];
-static char test_tmp[PATH_MAX];
+static char root[1024];
+static char bindir[2048];
+static char suite_tmp[1024];
+static char test_tmp[2048];
 static const char *current;
 
 void k3t_register(const char *name, const char *file, k3t_fn fn, int timeout_s)
@@ -99,7 +98,7 @@ static char *slurp(int fd)
 
 int k3t_run(const char *cmd, char **out, char **err)
 {
-    char ofile[PATH_MAX], efile[PATH_MAX];
+    char ofile[sizeof test_tmp + 32], efile[sizeof test_tmp + 32];
     const char *dir = test_tmp[0] ? test_tmp : suite_tmp;
     snprintf(ofile, sizeof ofile, "%s/.stdout.XXXXXX", dir);
     snprintf(efile, sizeof efile, "%s/.stderr.XXXXXX", dir);
@@ -195,18 +194,29 @@ int main(int argc, char **argv)
     if (!getcwd(root, sizeof root))
         return 2;
     const char *b = getenv("K3_BIN");
+    if (b && strlen(b) >= sizeof bindir - sizeof root - 2) {
+        fprintf(stderr, "k3-test: K3_BIN is too long\n");
+        return 2;
+    }
     snprintf(bindir, sizeof bindir, "%s", b && *b ? b : "bin");
     if (bindir[0] != '/') {
-        char tmp[PATH_MAX];
+        char tmp[sizeof bindir + sizeof root + 1];
         snprintf(tmp, sizeof tmp, "%s/%s", root, bindir);
-        snprintf(bindir, sizeof bindir, "%s", tmp);
+        if (strlen(tmp) >= sizeof bindir) {
+            fprintf(stderr, "k3-test: binary path too long\n");
+            return 2;
+        }
+        memcpy(bindir, tmp, strlen(tmp) + 1);
     }
     const char *path = getenv("PATH");
     char *newpath;
     if (asprintf(&newpath, "%s:%s", bindir, path ? path : "/usr/bin:/bin") < 0)
         return 2;
     setenv("PATH", newpath, 1);
+    free(newpath);
     const char *tb = getenv("TMPDIR");
+    if (tb && strlen(tb) > 512)
+        tb = "/tmp";
     snprintf(suite_tmp, sizeof suite_tmp, "%s/k3-test.XXXXXX", tb && *tb ? tb : "/tmp");
     if (!mkdtemp(suite_tmp)) {
         perror("k3-test: mkdtemp");

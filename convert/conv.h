@@ -1,0 +1,130 @@
+/*
+ * conv.h - k3-convert internals (tool-only code, also linked into the tests).
+ *
+ * The conversion is planned completely before any data byte is read:
+ * k3_conv_plan_build opens the upstream checkpoint, classifies every tensor
+ * (trunk tensor the config expects, routed-expert part, or ignored), checks
+ * shapes and dtypes, cuts the shards into groups (consecutive shards, no
+ * expert split between two groups) and lays out every output file. Then each
+ * group is converted in one sequential pass over its shards (conv_run.c):
+ * input hashed while read, output hashed while written, published by rename,
+ * recorded in the journal. Output bytes depend only on the plan.
+ */
+#ifndef K3_CONV_H
+#define K3_CONV_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "k3_cfg.h"
+#include "k3_err.h"
+#include "k3_man.h"
+#include "k3_pk.h"
+#include "k3_st.h"
+
+/* Expert source formats. */
+enum { K3_CONV_X_NONE = 0, K3_CONV_X_MXFP4, K3_CONV_X_FLOAT, K3_CONV_X_F8 };
+
+/* Incomplete expert records that may be held in memory at once while a
+ * shard is streamed (a record is complete when its last tensor is read).
+ * Checkpoints that interleave more experts than this are refused. */
+#define K3_CONV_MAX_OPEN_RECORDS 8u
+/* Largest single expert tensor accepted from a float source (staged whole). */
+#define K3_CONV_MAX_EXPERT_TENSOR (256ull << 20)
+/* Read chunk: the unit of input I/O, hashing and hand-off between threads. */
+#define K3_CONV_CHUNK (16u << 20)
+#define K3_CONV_NCHUNKS 4u
+
+/* What a tensor of the input is to the converter. */
+enum { K3_CONV_T_SKIP = 0, K3_CONV_T_TRUNK, K3_CONV_T_EXPERT };
+
+typedef struct k3_conv_tensor {
+    const k3_st_tensor *st;
+    int role;                   /* K3_CONV_T_* */
+    /* trunk */
+    uint32_t out_tensor;        /* index into plan->man.tensors */
+    uint32_t ext;               /* its extent in the group's trunk file */
+    k3_dtype out_dtype;
+    /* expert */
+    uint64_t rec;               /* moe_index * num_experts + expert */
+    int which, part;            /* k3_man_expert_name */
+} k3_conv_tensor;
+
+typedef struct k3_conv_rec {
+    uint32_t group;
+    uint32_t slot;              /* position in the group's experts file */
+    uint8_t nparts_need, nparts_have;
+    int32_t parts[3][K3_MAN_XP_COUNT]; /* index into plan->tensors, -1 if absent */
+} k3_conv_rec;
+
+/* An output file of a group. Extents are the data ranges (tensor pieces or
+ * record strides) in offset order; regions are the CRC ranges (units or
+ * records). Everything outside extents is zero. */
+typedef struct k3_conv_ext {
+    uint64_t off, len;
+} k3_conv_ext;
+
+typedef struct k3_conv_ofile {
+    char name[64];
+    uint32_t file_index;        /* index into the manifest's files */
+    uint64_t size;
+    k3_conv_ext *ext;
+    uint32_t next;              /* number of extents */
+    k3_conv_ext *regions;       /* sorted, disjoint */
+    uint32_t nregions;
+    uint32_t *region_crc;       /* filled when written (or from the journal) */
+} k3_conv_ofile;
+
+typedef struct k3_conv_group {
+    uint32_t shard_first, shard_end; /* [first, end) */
+    k3_conv_ofile trunk, experts;    /* size 0: no such file */
+    uint32_t unit_first, unit_end;   /* units of this group in plan->man.units */
+    uint64_t input_bytes;
+    int done;                        /* finished (this run or a previous one) */
+} k3_conv_group;
+
+typedef struct k3_conv_plan {
+    char *src, *dst;
+    k3_st *st;
+    k3_cfg cfg;
+    k3_conv_tensor *tensors;    /* same order as k3_st_tensor_at: (shard, offset) */
+    uint64_t ntensors;
+    uint64_t nskipped;
+    int xfmt;                   /* K3_CONV_X_* */
+    k3_dtype xdtype;            /* float/f8 source dtype of the experts */
+    k3_conv_rec *recs;          /* n_moe * num_experts */
+    uint64_t nrecs;
+    k3_conv_group *groups;
+    uint32_t ngroups;
+    k3_man man;                 /* files, units, tensors, xl, config filled by the plan */
+    k3_pk_record *records;      /* final record table (crc filled as groups finish) */
+    uint8_t fingerprint[32];    /* of the input tensor table and the options */
+    uint64_t total_input;
+} k3_conv_plan;
+
+int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, k3_err *e);
+void k3_conv_plan_free(k3_conv_plan *p);
+
+/* Options and results of a run. */
+typedef struct k3_conv_opts {
+    int resume, rehash, force, quiet, threads;
+    int dense;                  /* write zero blocks instead of leaving holes */
+    FILE *progress;             /* stderr, or NULL */
+} k3_conv_opts;
+
+typedef struct k3_conv_stats {
+    uint32_t groups, groups_skipped;
+    uint64_t bytes_read, bytes_written, holes_bytes;
+    double seconds;
+    uint64_t peak_rss_kb;
+} k3_conv_stats;
+
+/* Convert SRC into DST (the whole job: plan, groups, experts.idx, manifest,
+ * journal removal). Returns 0 or a negative K3_E* (K3_EINTR if interrupted
+ * through k3_conv_interrupt). */
+int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv_stats *s, k3_err *e);
+
+/* Ask a running conversion to stop at the next chunk (async-signal-safe). */
+void k3_conv_interrupt(void);
+
+#endif

@@ -1,0 +1,275 @@
+/*
+ * conv_out.c - one output file of k3-convert: written at planned offsets into
+ * "<name>.tmp", hashed (SHA-256 of the whole file, CRC32 of each region) in
+ * offset order while it is written, zero blocks left as holes.
+ *
+ * Invariants: the temporary is created empty and extended to its final size
+ * first, so every byte never written reads as zero; bytes are fed to the
+ * hashes exactly once and in file order: data written at the hash frontier is
+ * hashed from memory, data written ahead of it is read back from the file
+ * when the frontier reaches it (never in the usual stream order), gaps
+ * between extents are zeros by construction.
+ */
+#include "conv_out.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "k3_io.h"
+
+#define READBACK (4u << 20)
+#define SYNC_EVERY (64ull << 20)
+
+static const uint8_t zeros[65536];
+
+static void feed(k3_conv_w *w, const uint8_t *buf, uint64_t n)
+{
+    EVP_DigestUpdate(w->md, buf, (size_t)n);
+    const k3_conv_ofile *of = w->of;
+    uint64_t pos = w->frontier;
+    while (n) {
+        uint64_t take = n;
+        if (w->creg < of->nregions) {
+            const k3_conv_ext *r = &of->regions[w->creg];
+            if (pos < r->off) {
+                take = r->off - pos < n ? r->off - pos : n;
+            } else {
+                uint64_t end = r->off + r->len;
+                take = end - pos < n ? end - pos : n;
+                w->crc = crc32(w->crc, buf, (uInt)take);
+                if (pos + take == end) {
+                    of->region_crc[w->creg] = (uint32_t)w->crc;
+                    w->creg++;
+                    w->crc = crc32(0L, Z_NULL, 0);
+                }
+            }
+        }
+        buf += take;
+        pos += take;
+        n -= take;
+        if (w->creg >= of->nregions) {
+            /* nothing left to CRC: hash only */
+            pos += n;
+            n = 0;
+        }
+    }
+    w->frontier = pos;
+}
+
+/* feed() in pieces small enough for crc32's uInt */
+static void feed_big(k3_conv_w *w, const uint8_t *buf, uint64_t n)
+{
+    while (n) {
+        uint64_t take = n > (1u << 30) ? (1u << 30) : n;
+        feed(w, buf, take);
+        buf += take;
+        n -= take;
+    }
+}
+
+static void feed_zeros(k3_conv_w *w, uint64_t n)
+{
+    while (n) {
+        uint64_t take = n > sizeof zeros ? sizeof zeros : n;
+        feed(w, zeros, take);
+        n -= take;
+    }
+}
+
+static int all_zero(const uint8_t *p, uint64_t n)
+{
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, p + i, 8);
+        if (v)
+            return 0;
+    }
+    for (; i < n; i++)
+        if (p[i])
+            return 0;
+    return 1;
+}
+
+/* Whole aligned blocks from aligned memory go through the O_DIRECT fd (no
+ * page-cache copy: expert records), everything else through the buffered one. */
+static int put(k3_conv_w *w, const uint8_t *buf, uint64_t n, uint64_t off, k3_err *e)
+{
+    const uint64_t A = K3_IO_DIRECT_ALIGN;
+    if (w->dfd >= 0 && (uintptr_t)buf % A == 0 && off % A == 0 && n % A == 0)
+        return k3_io_pwrite(w->dfd, buf, n, off, w->tmp, e);
+    return k3_io_pwrite(w->fd, buf, n, off, w->tmp, e);
+}
+
+/* Write buf at off, leaving 4096-aligned all-zero blocks unwritten (holes). */
+static int sparse_write(k3_conv_w *w, const uint8_t *buf, uint64_t n, uint64_t off, k3_err *e)
+{
+    if (w->dense)
+        return put(w, buf, n, off, e);
+    uint64_t run_start = 0, run_len = 0;
+    uint64_t i = 0;
+    while (i < n) {
+        uint64_t blk_end = (off + i) / 4096 * 4096 + 4096 - off;
+        uint64_t len = (blk_end < n ? blk_end : n) - i;
+        if (all_zero(buf + i, len)) {
+            if (run_len) {
+                int rc = put(w, buf + run_start, run_len, off + run_start, e);
+                if (rc)
+                    return rc;
+                run_len = 0;
+            }
+            w->holes += len;
+        } else {
+            if (!run_len)
+                run_start = i;
+            run_len += len;
+        }
+        i += len;
+    }
+    if (run_len)
+        return put(w, buf + run_start, run_len, off + run_start, e);
+    return 0;
+}
+
+int k3_conv_w_open(k3_conv_w *w, const char *dir, k3_conv_ofile *of, int dense, k3_err *e)
+{
+    memset(w, 0, sizeof *w);
+    w->fd = w->dfd = -1;
+    w->of = of;
+    w->dense = dense;
+    int rc = k3_io_path_join(w->path, sizeof w->path, dir, of->name, e);
+    if (rc)
+        return rc;
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp", w->path);
+    w->done = calloc(of->next ? of->next : 1, sizeof *w->done);
+    w->md = EVP_MD_CTX_new();
+    if (!w->done || !w->md || EVP_DigestInit_ex(w->md, EVP_sha256(), NULL) != 1)
+        return k3_err_set(e, K3_ENOMEM, "%s: out of memory", w->tmp);
+    w->crc = crc32(0L, Z_NULL, 0);
+    /* the temporary is ours: a stale one from an interrupted run is replaced */
+    w->fd = open(w->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0)
+        return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", w->tmp);
+    if (ftruncate(w->fd, (off_t)of->size) != 0)
+        return k3_err_sys(e, K3_EIO, errno, "%s: cannot extend to %" PRIu64 " bytes", w->tmp, of->size);
+    w->dfd = open(w->tmp, O_WRONLY | O_CLOEXEC | O_DIRECT); /* -1 where unsupported: buffered only */
+    return 0;
+}
+
+/* Move the frontier over everything already written, reading back extents
+ * that were written ahead of it. */
+static int advance(k3_conv_w *w, k3_err *e)
+{
+    const k3_conv_ofile *of = w->of;
+    while (w->cur < of->next) {
+        const k3_conv_ext *x = &of->ext[w->cur];
+        if (w->done[w->cur] == 0)
+            return 0;
+        if (w->frontier < x->off)
+            feed_zeros(w, x->off - w->frontier);
+        uint64_t have = w->frontier - x->off;
+        while (have < w->done[w->cur]) {
+            if (!w->rb && !(w->rb = malloc(READBACK)))
+                return k3_err_set(e, K3_ENOMEM, "%s: out of memory", w->tmp);
+            uint64_t take = w->done[w->cur] - have;
+            take = take > READBACK ? READBACK : take;
+            int rc = k3_io_pread(w->fd, w->rb, take, x->off + have, w->tmp, e);
+            if (rc)
+                return rc;
+            feed(w, w->rb, take);
+            have += take;
+            w->readback += take;
+        }
+        if (w->done[w->cur] < x->len)
+            return 0;
+        w->cur++;
+    }
+    return 0;
+}
+
+int k3_conv_w_write(k3_conv_w *w, uint32_t ext, uint64_t off_in_ext, const void *buf, uint64_t n, k3_err *e)
+{
+    const k3_conv_ofile *of = w->of;
+    if (ext >= of->next || off_in_ext != w->done[ext] || n > of->ext[ext].len - off_in_ext)
+        return k3_err_set(e, K3_EINTERNAL, "%s: out-of-order write to extent %u at %" PRIu64, w->tmp, ext,
+                          off_in_ext);
+    const k3_conv_ext *x = &of->ext[ext];
+    int rc = sparse_write(w, buf, n, x->off + off_in_ext, e);
+    if (rc)
+        return rc;
+    w->written += n;
+    if (ext == w->cur) {
+        if (w->frontier < x->off)
+            feed_zeros(w, x->off - w->frontier);
+        if (w->frontier == x->off + off_in_ext)
+            feed_big(w, buf, n);
+    }
+    w->done[ext] += n;
+    if (w->written - w->synced >= SYNC_EVERY) {
+        /* start write-back early so the final fsync has little left to do */
+        sync_file_range(w->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+        w->synced = w->written;
+    }
+    return advance(w, e);
+}
+
+int k3_conv_w_finish(k3_conv_w *w, uint8_t sha[32], k3_err *e)
+{
+    int rc = advance(w, e);
+    if (rc)
+        return rc;
+    if (w->cur != w->of->next)
+        return k3_err_set(e, K3_EINTERNAL, "%s: extent %u of %u never completed", w->tmp, w->cur, w->of->next);
+    if (w->frontier < w->of->size)
+        feed_zeros(w, w->of->size - w->frontier);
+    if (w->creg != w->of->nregions)
+        return k3_err_set(e, K3_EINTERNAL, "%s: region %u of %u not closed", w->tmp, w->creg, w->of->nregions);
+    unsigned int len = 0;
+    if (EVP_DigestFinal_ex(w->md, sha, &len) != 1)
+        return k3_err_set(e, K3_EINTERNAL, "%s: SHA-256 failed", w->tmp);
+    return 0;
+}
+
+int k3_conv_w_publish(k3_conv_w *w, k3_err *e)
+{
+    if (w->dfd >= 0) {
+        if (fsync(w->dfd) != 0)
+            return k3_err_sys(e, K3_EIO, errno, "%s: fsync", w->tmp);
+        close(w->dfd);
+        w->dfd = -1;
+    }
+    int fd = w->fd;
+    w->fd = -1;
+    int rc = k3_io_publish(fd, w->tmp, w->path, e);
+    if (rc)
+        unlink(w->tmp);
+    return rc;
+}
+
+void k3_conv_w_close(k3_conv_w *w, int remove_tmp)
+{
+    if (!w)
+        return;
+    if (w->dfd >= 0) {
+        close(w->dfd);
+        w->dfd = -1;
+    }
+    if (w->fd >= 0) {
+        close(w->fd);
+        w->fd = -1;
+        if (remove_tmp)
+            unlink(w->tmp);
+    }
+    EVP_MD_CTX_free(w->md);
+    w->md = NULL;
+    free(w->done);
+    w->done = NULL;
+    free(w->rb);
+    w->rb = NULL;
+}

@@ -1,0 +1,1045 @@
+/*
+ * conv_run.c - k3-convert's job: prepare DST, convert each shard group in one
+ * sequential pass (a reader thread reads and hashes the input while the
+ * calling thread converts, writes and hashes the output), publish each
+ * group's files and journal entry, then experts.idx, manifest.json (last) and
+ * remove the journal.
+ *
+ * Invariants: nothing in DST looks finished before it is (temporaries end in
+ * .tmp; manifest.json is published last); a journal entry exists only for a
+ * group whose files are fsynced and renamed; the bytes of every output file
+ * depend only on the plan, never on timing, thread count or resumption.
+ */
+#include "conv.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <omp.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "conv_out.h"
+#include "k3_io.h"
+#include "k3_kern.h"
+#include "k3_progress.h"
+
+#define JOURNAL ".k3-convert-journal"
+
+static volatile sig_atomic_t stop_requested;
+
+void k3_conv_interrupt(void)
+{
+    stop_requested = 1;
+}
+
+/* Test hook: K3_CONVERT_CRASH="STAGE:GROUP" kills the process with SIGKILL at
+ * that point (STAGE: chunk = after the group's first chunk is converted,
+ * published = after its files are renamed but before its journal entry,
+ * journaled = after its journal entry, index = after experts.idx, before the
+ * manifest; GROUP is ignored for index; "interrupt:G" raises SIGINT instead,
+ * as Ctrl-C would, after group G's first chunk). */
+static void crash_point(const char *stage, uint32_t g)
+{
+    const char *v = getenv("K3_CONVERT_CRASH");
+    if (!v)
+        return;
+    if (!strcmp(stage, "chunk") && !strncmp(v, "interrupt:", 10)) {
+        char *end;
+        if (strtoul(v + 10, &end, 10) == g && !*end)
+            raise(SIGINT);
+        return;
+    }
+    size_t n = strlen(stage);
+    if (strncmp(v, stage, n) || v[n] != ':')
+        return;
+    char *end;
+    unsigned long want = strtoul(v + n + 1, &end, 10);
+    if (*end == '\0' && (want == g || !strcmp(stage, "index")))
+        raise(SIGKILL);
+}
+
+/* ---- the reader thread ------------------------------------------------------ */
+
+typedef struct chunk {
+    uint8_t *buf;
+    uint32_t shard;
+    uint64_t off, len;
+} chunk;
+
+typedef struct reader {
+    const k3_conv_plan *p;
+    uint32_t shard_first, shard_end;
+    uint8_t (*shard_sha)[32];
+    uint8_t *arena;
+    uint64_t chunk;             /* bytes per slot: K3_CONV_CHUNK, less for small shards */
+    uint8_t *bounce;
+    chunk slots[K3_CONV_NCHUNKS];
+    uint32_t head, count;       /* filled slots: head .. head+count-1 */
+    int finished, failed, stop;
+    k3_err err;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} reader;
+
+static int reader_read(reader *r, int fd, int direct, uint8_t *buf, uint64_t n, uint64_t off, const char *path)
+{
+    if (!direct)
+        return k3_io_pread(fd, buf, n, off, path, &r->err);
+    uint64_t al = n / K3_IO_DIRECT_ALIGN * K3_IO_DIRECT_ALIGN;
+    int rc = al ? k3_io_pread_direct(fd, buf, al, off, NULL, 0, path, &r->err) : 0;
+    if (rc == 0 && n > al)
+        rc = k3_io_pread_direct(fd, buf + al, n - al, off + al, r->bounce, K3_IO_DIRECT_ALIGN, path, &r->err);
+    return rc;
+}
+
+static void *reader_main(void *arg)
+{
+    reader *r = arg;
+    const k3_conv_plan *p = r->p;
+    uint32_t slot_i = 0;
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    int rc = md ? 0 : k3_err_set(&r->err, K3_ENOMEM, "out of memory");
+    for (uint32_t s = r->shard_first; rc == 0 && s < r->shard_end; s++) {
+        const char *path = k3_st_shard_path(p->st, s);
+        int direct = 0;
+        int fd = k3_io_open_read(path, 1, &direct, &r->err);
+        if (fd < 0) {
+            rc = fd;
+            break;
+        }
+        uint64_t size = k3_st_shard_size(p->st, s), now;
+        if ((rc = k3_io_file_size(fd, &now, path, &r->err)) == 0 && now != size)
+            rc = k3_err_set(&r->err, K3_EIO, "%s: changed while converting: %" PRIu64 " bytes, was %" PRIu64, path,
+                            now, size);
+        if (rc == 0 && EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1)
+            rc = k3_err_set(&r->err, K3_EINTERNAL, "SHA-256 init failed");
+        for (uint64_t off = 0; rc == 0 && off < size; off += r->chunk) {
+            pthread_mutex_lock(&r->mu);
+            while (r->count == K3_CONV_NCHUNKS && !r->stop)
+                pthread_cond_wait(&r->cv, &r->mu);
+            int stop = r->stop;
+            pthread_mutex_unlock(&r->mu);
+            if (stop || stop_requested) {
+                rc = K3_EINTR;
+                k3_err_set(&r->err, K3_EINTR, "interrupted");
+                break;
+            }
+            chunk *c = &r->slots[slot_i];
+            c->buf = r->arena + (uint64_t)slot_i * r->chunk;
+            c->shard = s;
+            c->off = off;
+            c->len = size - off < r->chunk ? size - off : r->chunk;
+            if ((rc = reader_read(r, fd, direct, c->buf, c->len, off, path)))
+                break;
+            EVP_DigestUpdate(md, c->buf, (size_t)c->len);
+            pthread_mutex_lock(&r->mu);
+            r->count++;
+            pthread_cond_broadcast(&r->cv);
+            pthread_mutex_unlock(&r->mu);
+            slot_i = (slot_i + 1) % K3_CONV_NCHUNKS;
+        }
+        if (rc == 0) {
+            unsigned int len = 0;
+            EVP_DigestFinal_ex(md, r->shard_sha[s], &len);
+        }
+        close(fd);
+    }
+    EVP_MD_CTX_free(md);
+    pthread_mutex_lock(&r->mu);
+    r->finished = 1;
+    r->failed = rc;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* ---- converting ------------------------------------------------------------- */
+
+typedef struct open_rec {
+    int64_t rec;                /* -1: free */
+    uint8_t *buf;               /* stride bytes, 4096-aligned */
+    uint32_t have;
+    uint8_t complete[3][K3_MAN_XP_COUNT];
+    uint8_t *stage[3][K3_MAN_XP_COUNT];
+} open_rec;
+
+typedef struct conv {
+    k3_conv_plan *p;
+    const k3_conv_opts *o;
+    k3_conv_stats *s;
+    k3_progress *prog;
+    uint8_t (*shard_sha)[32];
+    k3_conv_w tw, xw;           /* trunk and experts writers of the group */
+    int has_t, has_x;
+    uint64_t ti;                /* tensor cursor */
+    uint32_t g;                 /* the group being converted */
+    uint8_t *scratch;           /* CHUNK + 64 */
+    uint8_t carry[8];
+    uint32_t carry_len;
+    uint64_t out_done;
+    open_rec recs[K3_CONV_MAX_OPEN_RECORDS];
+} conv;
+
+static uint64_t section(const k3_pk_expert_layout *xl, int which, int part)
+{
+    static const int scale = K3_MAN_XP_SCALE;
+    if (which == 0)
+        return part == scale ? xl->w1_scales : xl->w1_packed;
+    if (which == 1)
+        return part == scale ? xl->w2_scales : xl->w2_packed;
+    return part == scale ? xl->w3_scales : xl->w3_packed;
+}
+
+static float src_to_f32(const uint8_t *p, k3_dtype t)
+{
+    uint16_t h;
+    float f;
+    switch (t) {
+    case K3_DT_BF16:
+        memcpy(&h, p, 2);
+        return k3_bf16_to_f32(h);
+    case K3_DT_F16:
+        memcpy(&h, p, 2);
+        return k3_f16_to_f32(h);
+    case K3_DT_F8_E4M3:
+        return k3_f8e4m3_to_f32(*p);
+    default:
+        memcpy(&f, p, 4);
+        return f;
+    }
+}
+
+/* Quantize one float/F8 matrix of a record into its sections. sinv (F8 only)
+ * is the block-scale tensor [ceil(rows/128)][ceil(cols/128)]. */
+static int quantize_matrix(conv *cv, open_rec *o, int which, const uint8_t *w, k3_dtype wt, const uint8_t *sinv,
+                           k3_dtype st, k3_err *e)
+{
+    const k3_pk_expert_layout *xl = &cv->p->man.xl;
+    uint64_t rows = which == 1 ? xl->rows_w2 : xl->rows_w13;
+    uint64_t cols = which == 1 ? xl->cols_w2 : xl->cols_w13;
+    uint8_t *packed = o->buf + section(xl, which, K3_MAN_XP_PACKED);
+    uint8_t *scales = o->buf + section(xl, which, K3_MAN_XP_SCALE);
+    uint32_t esz = k3_dtype_size(wt), ssz = sinv ? k3_dtype_size(st) : 0;
+    uint64_t bcols = (cols + 127) / 128;
+    int oom = 0;
+#pragma omp parallel if (rows * cols >= (1u << 20))
+    {
+        float *row = malloc(cols * sizeof *row);
+        if (!row) {
+#pragma omp atomic write
+            oom = 1;
+        }
+#pragma omp for schedule(static)
+        for (uint64_t r = 0; r < rows; r++) {
+            if (!row)
+                continue;
+            const uint8_t *src = w + r * cols * esz;
+            for (uint64_t c = 0; c < cols; c++) {
+                float v = src_to_f32(src + c * esz, wt);
+                if (sinv)
+                    v *= src_to_f32(sinv + ((r / 128) * bcols + c / 128) * ssz, st);
+                row[c] = v;
+            }
+            k3_mx_quantize(row, cols, packed + r * cols / 2, scales + r * cols / 32);
+        }
+        free(row);
+    }
+    if (oom)
+        return k3_err_set(e, K3_ENOMEM, "out of memory quantizing an expert");
+    return 0;
+}
+
+static open_rec *rec_slot(conv *cv, uint64_t rec, const k3_st_tensor *t, k3_err *e)
+{
+    open_rec *free_slot = NULL;
+    for (uint32_t i = 0; i < K3_CONV_MAX_OPEN_RECORDS; i++) {
+        if (cv->recs[i].rec == (int64_t)rec)
+            return &cv->recs[i];
+        if (cv->recs[i].rec < 0 && !free_slot)
+            free_slot = &cv->recs[i];
+    }
+    if (!free_slot) {
+        k3_err_set(e, K3_ELIMIT, "%s: tensor %s: more than %u experts interleaved in one shard (not supported)",
+                   k3_st_shard_name(cv->p->st, t->shard), t->name, K3_CONV_MAX_OPEN_RECORDS);
+        return NULL;
+    }
+    uint64_t stride = cv->p->man.xl.stride;
+    if (!free_slot->buf && !(free_slot->buf = k3_io_alloc_aligned(stride, K3_PK_ALIGN))) {
+        k3_err_set(e, K3_ENOMEM, "out of memory for an expert record (%" PRIu64 " bytes)", stride);
+        return NULL;
+    }
+    memset(free_slot->buf, 0, (size_t)stride);
+    free_slot->rec = (int64_t)rec;
+    free_slot->have = 0;
+    memset(free_slot->complete, 0, sizeof free_slot->complete);
+    return free_slot;
+}
+
+static int handle_expert(conv *cv, const k3_conv_tensor *ct, uint64_t toff, const uint8_t *ptr, uint64_t n, k3_err *e)
+{
+    k3_conv_plan *p = cv->p;
+    const k3_st_tensor *t = ct->st;
+    open_rec *o = rec_slot(cv, ct->rec, t, e);
+    if (!o)
+        return e->code;
+    int w = ct->which, q = ct->part;
+    int done = toff + n == t->nbytes;
+    if (p->xfmt == K3_CONV_X_MXFP4) {
+        memcpy(o->buf + section(&p->man.xl, w, q) + toff, ptr, (size_t)n);
+    } else {
+        if (toff == 0 && !(o->stage[w][q] = malloc((size_t)t->nbytes)))
+            return k3_err_set(e, K3_ENOMEM, "out of memory staging %s", t->name);
+        memcpy(o->stage[w][q] + toff, ptr, (size_t)n);
+    }
+    if (!done)
+        return 0;
+    o->complete[w][q] = 1;
+    o->have++;
+    int rc = 0;
+    const k3_conv_rec *R = &p->recs[ct->rec];
+    if (p->xfmt == K3_CONV_X_FLOAT) {
+        rc = quantize_matrix(cv, o, w, o->stage[w][q], t->dtype, NULL, K3_DT_F32, e);
+        free(o->stage[w][q]);
+        o->stage[w][q] = NULL;
+    } else if (p->xfmt == K3_CONV_X_F8 && o->complete[w][K3_MAN_XP_WEIGHT] && o->complete[w][K3_MAN_XP_SCALE_INV]) {
+        const k3_st_tensor *wt = p->tensors[R->parts[w][K3_MAN_XP_WEIGHT]].st;
+        const k3_st_tensor *st = p->tensors[R->parts[w][K3_MAN_XP_SCALE_INV]].st;
+        rc = quantize_matrix(cv, o, w, o->stage[w][K3_MAN_XP_WEIGHT], wt->dtype, o->stage[w][K3_MAN_XP_SCALE_INV],
+                             st->dtype, e);
+        free(o->stage[w][K3_MAN_XP_WEIGHT]);
+        free(o->stage[w][K3_MAN_XP_SCALE_INV]);
+        o->stage[w][K3_MAN_XP_WEIGHT] = o->stage[w][K3_MAN_XP_SCALE_INV] = NULL;
+    }
+    if (rc)
+        return rc;
+    if (o->have == R->nparts_need) {
+        rc = k3_conv_w_write(&cv->xw, R->slot, 0, o->buf, p->man.xl.stride, e);
+        o->rec = -1;
+    }
+    return rc;
+}
+
+static int handle_trunk(conv *cv, const k3_conv_tensor *ct, uint64_t toff, const uint8_t *ptr, uint64_t n, k3_err *e)
+{
+    const k3_st_tensor *t = ct->st;
+    if (t->dtype == ct->out_dtype)
+        return k3_conv_w_write(&cv->tw, ct->ext, toff, ptr, n, e);
+    if (toff == 0) {
+        cv->carry_len = 0;
+        cv->out_done = 0;
+    }
+    uint32_t esz = k3_dtype_size(t->dtype);
+    uint64_t m = 0;
+    uint16_t h;
+    if (cv->carry_len) {
+        uint64_t take = esz - cv->carry_len < n ? esz - cv->carry_len : n;
+        memcpy(cv->carry + cv->carry_len, ptr, (size_t)take);
+        cv->carry_len += (uint32_t)take;
+        ptr += take;
+        n -= take;
+        if (cv->carry_len < esz)
+            return 0;
+        h = k3_f32_to_bf16(src_to_f32(cv->carry, t->dtype));
+        memcpy(cv->scratch, &h, 2);
+        m = 2;
+        cv->carry_len = 0;
+    }
+    uint64_t whole = n / esz;
+    for (uint64_t i = 0; i < whole; i++) {
+        h = k3_f32_to_bf16(src_to_f32(ptr + i * esz, t->dtype));
+        memcpy(cv->scratch + m, &h, 2);
+        m += 2;
+    }
+    memcpy(cv->carry, ptr + whole * esz, (size_t)(n - whole * esz));
+    cv->carry_len = (uint32_t)(n - whole * esz);
+    int rc = m ? k3_conv_w_write(&cv->tw, ct->ext, cv->out_done, cv->scratch, m, e) : 0;
+    cv->out_done += m;
+    return rc;
+}
+
+static int process_chunk(conv *cv, const chunk *c, k3_err *e)
+{
+    k3_conv_plan *p = cv->p;
+    while (cv->ti < p->ntensors && p->tensors[cv->ti].st->shard < c->shard)
+        cv->ti++;
+    while (cv->ti < p->ntensors && p->tensors[cv->ti].st->shard == c->shard) {
+        const k3_conv_tensor *ct = &p->tensors[cv->ti];
+        const k3_st_tensor *t = ct->st;
+        uint64_t tend = t->offset + t->nbytes;
+        if (t->nbytes == 0 || tend <= c->off) {
+            cv->ti++;
+            continue;
+        }
+        if (t->offset >= c->off + c->len)
+            break;
+        uint64_t lo = t->offset > c->off ? t->offset : c->off;
+        uint64_t hi = tend < c->off + c->len ? tend : c->off + c->len;
+        int rc = 0;
+        if (ct->role == K3_CONV_T_TRUNK)
+            rc = handle_trunk(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo, e);
+        else if (ct->role == K3_CONV_T_EXPERT && p->recs[ct->rec].group == cv->g)
+            rc = handle_expert(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo, e);
+        if (rc)
+            return rc;
+        if (hi < tend)
+            break;
+        cv->ti++;
+    }
+    return 0;
+}
+
+/* ---- journal ------------------------------------------------------------------ */
+
+static int journal_path(char *out, size_t cap, const char *dst, const char *name, k3_err *e)
+{
+    char jd[4096];
+    int rc = k3_io_path_join(jd, sizeof jd, dst, JOURNAL, e);
+    return rc ? rc : k3_io_path_join(out, cap, jd, name, e);
+}
+
+static cJSON *crc_array(const uint32_t *crc, uint32_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (uint32_t i = 0; a && i < n; i++) {
+        char h[9];
+        snprintf(h, sizeof h, "%08x", crc[i]);
+        cJSON_AddItemToArray(a, cJSON_CreateString(h));
+    }
+    return a;
+}
+
+static cJSON *named_hash(const char *name, uint64_t size, const uint8_t sha[32])
+{
+    cJSON *o = cJSON_CreateObject();
+    char hex[65];
+    k3_man_hex(sha, hex);
+    cJSON_AddStringToObject(o, "name", name);
+    cJSON_AddNumberToObject(o, "size", (double)size);
+    cJSON_AddStringToObject(o, "sha256", hex);
+    return o;
+}
+
+static int journal_write_group(conv *cv, uint32_t g, k3_err *e)
+{
+    k3_conv_plan *p = cv->p;
+    const k3_conv_group *G = &p->groups[g];
+    char hex[65], name[64], path[4200];
+    cJSON *root = cJSON_CreateObject();
+    k3_man_hex(p->fingerprint, hex);
+    cJSON_AddStringToObject(root, "fingerprint", hex);
+    cJSON_AddNumberToObject(root, "group", g);
+    cJSON *sh = cJSON_AddArrayToObject(root, "shards");
+    for (uint32_t s = G->shard_first; s < G->shard_end; s++)
+        cJSON_AddItemToArray(sh, named_hash(k3_st_shard_name(p->st, s), k3_st_shard_size(p->st, s), cv->shard_sha[s]));
+    cJSON *fs = cJSON_AddArrayToObject(root, "files");
+    const k3_conv_ofile *of[2] = {&G->trunk, &G->experts};
+    for (int k = 0; k < 2; k++)
+        if (of[k]->size)
+            cJSON_AddItemToArray(fs, named_hash(of[k]->name, of[k]->size, p->man.files[of[k]->file_index].sha256));
+    cJSON_AddItemToObject(root, "unit_crcs", crc_array(G->trunk.region_crc, G->trunk.nregions));
+    cJSON_AddItemToObject(root, "record_crcs", crc_array(G->experts.region_crc, G->experts.nregions));
+    char *txt = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!txt)
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+    snprintf(name, sizeof name, "group-%04u.json", g);
+    int rc = journal_path(path, sizeof path, p->dst, name, e);
+    if (rc == 0)
+        rc = k3_io_write_file_atomic(path, txt, strlen(txt), e);
+    free(txt);
+    return rc;
+}
+
+static int sha_file(const char *path, uint8_t sha[32], k3_err *e)
+{
+    int fd = k3_io_open_read(path, 0, NULL, e);
+    if (fd < 0)
+        return fd;
+    uint64_t size, off = 0;
+    int rc = k3_io_file_size(fd, &size, path, e);
+    uint8_t *buf = rc ? NULL : malloc(4u << 20);
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    if (rc == 0 && (!buf || !md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1))
+        rc = k3_err_set(e, K3_ENOMEM, "out of memory");
+    while (rc == 0 && off < size) {
+        uint64_t n = size - off < (4u << 20) ? size - off : (4u << 20);
+        if ((rc = k3_io_pread(fd, buf, n, off, path, e)) == 0)
+            EVP_DigestUpdate(md, buf, (size_t)n);
+        off += n;
+    }
+    unsigned int len;
+    if (rc == 0)
+        EVP_DigestFinal_ex(md, sha, &len);
+    EVP_MD_CTX_free(md);
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+static int parse_crcs(const cJSON *a, uint32_t *out, uint32_t n)
+{
+    if (!cJSON_IsArray(a) || (uint32_t)cJSON_GetArraySize(a) != n)
+        return -1;
+    uint32_t i = 0;
+    for (const cJSON *it = a->child; it; it = it->next, i++) {
+        char *end;
+        if (!cJSON_IsString(it) || strlen(it->valuestring) != 8)
+            return -1;
+        out[i] = (uint32_t)strtoul(it->valuestring, &end, 16);
+        if (*end)
+            return -1;
+    }
+    return 0;
+}
+
+static int check_named(const cJSON *o, const char *name, uint64_t size, uint8_t sha[32])
+{
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "name");
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "size");
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "sha256");
+    if (!cJSON_IsString(n) || strcmp(n->valuestring, name) || !cJSON_IsNumber(s) || s->valuedouble != (double)size ||
+        !cJSON_IsString(h) || k3_man_unhex(h->valuestring, sha))
+        return -1;
+    return 0;
+}
+
+/* Is group g finished according to the journal, and are its files what the
+ * journal says? Returns 1 (done, results loaded), 0 (redo), <0 on error. */
+static int journal_load_group(conv *cv, uint32_t g, const char **why, k3_err *e)
+{
+    k3_conv_plan *p = cv->p;
+    k3_conv_group *G = &p->groups[g];
+    char name[64], path[4200], hex[65];
+    snprintf(name, sizeof name, "group-%04u.json", g);
+    int rc = journal_path(path, sizeof path, p->dst, name, e);
+    if (rc)
+        return rc;
+    *why = "no journal entry";
+    if (access(path, F_OK) != 0)
+        return 0;
+    char *txt;
+    uint64_t len;
+    k3_err ignore = {0};
+    *why = "unreadable journal entry";
+    if (k3_io_read_file(path, 16u << 20, &txt, &len, &ignore))
+        return 0;
+    cJSON *root = cJSON_ParseWithLength(txt, (size_t)len);
+    free(txt);
+    int ok = 0;
+    k3_man_hex(p->fingerprint, hex);
+    const cJSON *fp = cJSON_GetObjectItemCaseSensitive(root, "fingerprint");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(root, "shards");
+    const cJSON *fs = cJSON_GetObjectItemCaseSensitive(root, "files");
+    *why = "journal entry from another plan";
+    if (!root || !cJSON_IsString(fp) || strcmp(fp->valuestring, hex) || !cJSON_IsArray(sh) || !cJSON_IsArray(fs) ||
+        (uint32_t)cJSON_GetArraySize(sh) != G->shard_end - G->shard_first)
+        goto out;
+    const cJSON *it = sh->child;
+    for (uint32_t s = G->shard_first; s < G->shard_end; s++, it = it->next)
+        if (check_named(it, k3_st_shard_name(p->st, s), k3_st_shard_size(p->st, s), cv->shard_sha[s]))
+            goto out;
+    it = fs->child;
+    k3_conv_ofile *of[2] = {&G->trunk, &G->experts};
+    for (int k = 0; k < 2; k++) {
+        if (!of[k]->size)
+            continue;
+        uint8_t *sha = p->man.files[of[k]->file_index].sha256;
+        if (!it || check_named(it, of[k]->name, of[k]->size, sha))
+            goto out;
+        it = it->next;
+        char fpath[4200];
+        struct stat st;
+        *why = "output file missing or of the wrong size";
+        if (k3_io_path_join(fpath, sizeof fpath, p->dst, of[k]->name, e) || stat(fpath, &st) != 0 ||
+            (uint64_t)st.st_size != of[k]->size)
+            goto out;
+        if (cv->o->rehash) {
+            uint8_t now[32];
+            *why = "output file does not hash to the journal's SHA-256";
+            if (sha_file(fpath, now, &ignore) || memcmp(now, sha, 32))
+                goto out;
+        }
+    }
+    *why = "bad CRC table in the journal entry";
+    if (parse_crcs(cJSON_GetObjectItemCaseSensitive(root, "unit_crcs"), G->trunk.region_crc, G->trunk.nregions) ||
+        parse_crcs(cJSON_GetObjectItemCaseSensitive(root, "record_crcs"), G->experts.region_crc, G->experts.nregions))
+        goto out;
+    ok = 1;
+out:
+    cJSON_Delete(root);
+    return ok;
+}
+
+/* ---- one group -------------------------------------------------------------- */
+
+static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
+{
+    k3_conv_plan *p = cv->p;
+    k3_conv_group *G = &p->groups[g];
+    int rc = 0;
+    cv->has_t = cv->has_x = 0;
+    if (G->trunk.size) {
+        if ((rc = k3_conv_w_open(&cv->tw, p->dst, &G->trunk, cv->o->dense, e)))
+            goto fail;
+        cv->has_t = 1;
+    }
+    if (G->experts.size) {
+        if ((rc = k3_conv_w_open(&cv->xw, p->dst, &G->experts, cv->o->dense, e)))
+            goto fail;
+        cv->has_x = 1;
+    }
+    rd->shard_first = G->shard_first;
+    rd->shard_end = G->shard_end;
+    rd->head = rd->count = 0;
+    rd->finished = rd->failed = rd->stop = 0;
+    k3_err_clear(&rd->err);
+    pthread_t th;
+    if (pthread_create(&th, NULL, reader_main, rd) != 0) {
+        rc = k3_err_set(e, K3_EINTERNAL, "cannot start the reader thread");
+        goto fail;
+    }
+    cv->ti = 0;
+    cv->g = g;
+    /* parts of this group's records that lie in earlier shards (an expert
+     * straddling a shard boundary): read them directly first */
+    for (uint64_t r = 0; rc == 0 && r < p->nrecs; r++) {
+        if (p->recs[r].group != g)
+            continue;
+        for (int w = 0; rc == 0 && w < 3; w++)
+            for (int q = 0; rc == 0 && q < K3_MAN_XP_COUNT; q++) {
+                int32_t ti = p->recs[r].parts[w][q];
+                if (ti < 0 || p->tensors[ti].st->shard >= G->shard_first)
+                    continue;
+                const k3_st_tensor *t = p->tensors[ti].st;
+                uint8_t *buf = malloc(t->nbytes ? (size_t)t->nbytes : 1);
+                if (!buf)
+                    rc = k3_err_set(e, K3_ENOMEM, "out of memory reading %s", t->name);
+                if (rc == 0)
+                    rc = k3_st_read(p->st, t, buf, e);
+                if (rc == 0)
+                    rc = handle_expert(cv, &p->tensors[ti], 0, buf, t->nbytes, e);
+                free(buf);
+            }
+    }
+    for (;;) {
+        pthread_mutex_lock(&rd->mu);
+        while (rd->count == 0 && !rd->finished)
+            pthread_cond_wait(&rd->cv, &rd->mu);
+        int have = rd->count > 0;
+        pthread_mutex_unlock(&rd->mu);
+        if (!have)
+            break;
+        chunk *c = &rd->slots[rd->head];
+        if (stop_requested)
+            rc = k3_err_set(e, K3_EINTR, "interrupted");
+        if (rc == 0)
+            rc = process_chunk(cv, c, e);
+        if (rc == 0) {
+            k3_progress_add(cv->prog, c->len);
+            cv->s->bytes_read += c->len;
+            crash_point("chunk", g);
+        }
+        pthread_mutex_lock(&rd->mu);
+        rd->head = (rd->head + 1) % K3_CONV_NCHUNKS;
+        rd->count--;
+        if (rc)
+            rd->stop = 1;
+        pthread_cond_broadcast(&rd->cv);
+        pthread_mutex_unlock(&rd->mu);
+        if (rc)
+            break;
+    }
+    pthread_join(th, NULL);
+    if (rc == 0 && rd->failed) {
+        *e = rd->err;
+        rc = rd->failed;
+    }
+    for (uint32_t i = 0; rc == 0 && i < K3_CONV_MAX_OPEN_RECORDS; i++)
+        if (cv->recs[i].rec >= 0)
+            rc = k3_err_set(e, K3_EINTERNAL, "record %" PRId64 " never completed", cv->recs[i].rec);
+    if (rc)
+        goto fail;
+    k3_conv_w *ws[2] = {cv->has_t ? &cv->tw : NULL, cv->has_x ? &cv->xw : NULL};
+    for (int k = 0; k < 2; k++) {
+        if (!ws[k])
+            continue;
+        if ((rc = k3_conv_w_finish(ws[k], p->man.files[ws[k]->of->file_index].sha256, e)))
+            goto fail;
+        cv->s->bytes_written += ws[k]->of->size;
+        cv->s->holes_bytes += ws[k]->holes;
+    }
+    for (int k = 0; k < 2; k++)
+        if (ws[k] && (rc = k3_conv_w_publish(ws[k], e)))
+            goto fail;
+    for (int k = 0; k < 2; k++)
+        if (ws[k])
+            k3_conv_w_close(ws[k], 0);
+    cv->has_t = cv->has_x = 0;
+    crash_point("published", g);
+    rc = journal_write_group(cv, g, e);
+    if (rc == 0)
+        crash_point("journaled", g);
+    return rc;
+fail:
+    for (uint32_t i = 0; i < K3_CONV_MAX_OPEN_RECORDS; i++) {
+        cv->recs[i].rec = -1;
+        for (int w = 0; w < 3; w++)
+            for (int q = 0; q < K3_MAN_XP_COUNT; q++) {
+                free(cv->recs[i].stage[w][q]);
+                cv->recs[i].stage[w][q] = NULL;
+            }
+    }
+    if (cv->has_t)
+        k3_conv_w_close(&cv->tw, 1);
+    if (cv->has_x)
+        k3_conv_w_close(&cv->xw, 1);
+    cv->has_t = cv->has_x = 0;
+    return rc;
+}
+
+/* ---- DST preparation and the final files ------------------------------------- */
+
+static int is_ours(const char *n)
+{
+    size_t l = strlen(n);
+    if (!strcmp(n, "manifest.json") || !strcmp(n, "experts.idx") || !strcmp(n, "tiktoken.model") ||
+        !strcmp(n, "tokenizer_config.json"))
+        return 1;
+    if (l > 4 && !strcmp(n + l - 4, ".tmp"))
+        return 1;
+    if ((!strncmp(n, "trunk-", 6) && l > 4 && !strcmp(n + l - 4, ".k3t")) ||
+        (!strncmp(n, "experts-", 8) && l > 4 && !strcmp(n + l - 4, ".k3e")))
+        return 1;
+    return 0;
+}
+
+static int remove_journal(const char *dst, k3_err *e)
+{
+    char jd[4096], f[4400];
+    int rc = k3_io_path_join(jd, sizeof jd, dst, JOURNAL, e);
+    if (rc)
+        return rc;
+    DIR *d = opendir(jd);
+    if (!d)
+        return errno == ENOENT ? 0 : k3_err_sys(e, K3_EIO, errno, "%s: cannot open", jd);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        snprintf(f, sizeof f, "%s/%s", jd, de->d_name);
+        unlink(f);
+    }
+    closedir(d);
+    if (rmdir(jd) != 0)
+        return k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", jd);
+    return k3_io_fsync_dir(dst, e);
+}
+
+/* Make DST ready. Returns 1 if DST already holds the finished conversion
+ * (resume after the manifest was published), 0 to go on. */
+static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_err *e)
+{
+    const char *dst = p->dst;
+    struct stat st;
+    char path[4400], hex[65];
+    k3_man_hex(p->fingerprint, hex);
+    if (stat(dst, &st) != 0) {
+        if (errno != ENOENT)
+            return k3_err_sys(e, K3_EIO, errno, "%s: cannot stat", dst);
+        if (mkdir(dst, 0755) != 0)
+            return k3_err_sys(e, K3_EIO, errno, "%s: cannot create directory", dst);
+    } else if (!S_ISDIR(st.st_mode)) {
+        return k3_err_set(e, K3_EEXIST, "%s: exists and is not a directory", dst);
+    } else {
+        DIR *d = opendir(dst);
+        if (!d)
+            return k3_err_sys(e, K3_EIO, errno, "%s: cannot open", dst);
+        int nonempty = 0, has_journal = 0, has_manifest = 0;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+                continue;
+            nonempty = 1;
+            has_journal |= !strcmp(de->d_name, JOURNAL);
+            has_manifest |= !strcmp(de->d_name, "manifest.json");
+        }
+        closedir(d);
+        if (o->resume && has_journal) {
+            char *txt;
+            uint64_t len;
+            int rc = journal_path(path, sizeof path, dst, "plan.json", e);
+            if (rc == 0 && access(path, F_OK) != 0) {
+                /* killed before the plan was written: nothing finished yet */
+                has_journal = 0;
+                goto fresh;
+            }
+            if (rc == 0 && (rc = k3_io_read_file(path, 1u << 20, &txt, &len, e)) == 0) {
+                int same = strstr(txt, hex) != NULL;
+                free(txt);
+                if (!same)
+                    return k3_err_set(e, K3_EEXIST, "%s: the journal is of a conversion from other input or "
+                                      "options; use --force to start again", dst);
+            } else {
+                return rc;
+            }
+            if (has_manifest) {
+                /* finished, interrupted only while removing the journal */
+                rc = remove_journal(dst, e);
+                return rc ? rc : 1;
+            }
+            return 0;
+        }
+        if (o->resume && has_manifest)
+            return 1;
+    fresh:
+        if (nonempty && !o->force && !o->resume)
+            return k3_err_set(e, K3_EEXIST, "%s: exists and is not empty (--force to replace, --resume to "
+                              "continue an interrupted conversion)", dst);
+        if (nonempty) {
+            /* the manifest goes first, so the directory never looks complete */
+            if (k3_io_path_join(path, sizeof path, dst, "manifest.json", e) == 0)
+                unlink(path);
+            int rc = remove_journal(dst, e);
+            if (rc)
+                return rc;
+            d = opendir(dst);
+            while (d && (de = readdir(d)))
+                if (is_ours(de->d_name)) {
+                    snprintf(path, sizeof path, "%s/%s", dst, de->d_name);
+                    unlink(path);
+                }
+            if (d)
+                closedir(d);
+        }
+    }
+    char jd[4096];
+    int rc = k3_io_path_join(jd, sizeof jd, dst, JOURNAL, e);
+    if (rc)
+        return rc;
+    if (mkdir(jd, 0755) != 0 && errno != EEXIST)
+        return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", jd);
+    char plan[256];
+    snprintf(plan, sizeof plan, "{\"fingerprint\":\"%s\",\"groups\":%u}\n", hex, p->ngroups);
+    if ((rc = journal_path(path, sizeof path, dst, "plan.json", e)) ||
+        (rc = k3_io_write_file_atomic(path, plan, strlen(plan), e)))
+        return rc;
+    return k3_io_fsync_dir(dst, e);
+}
+
+/* Provenance of the small upstream files; tokenizer files are copied. */
+static int small_files(k3_conv_plan *p, k3_err *e)
+{
+    static const char *names[] = {"config.json", "model.safetensors.index.json", "tiktoken.model",
+                                  "tokenizer_config.json"};
+    p->man.src_files = calloc(4, sizeof *p->man.src_files);
+    if (!p->man.src_files)
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+    for (int i = 0; i < 4; i++) {
+        char path[4200];
+        int rc = k3_io_path_join(path, sizeof path, p->src, names[i], e);
+        if (rc)
+            return rc;
+        if (access(path, F_OK) != 0)
+            continue;
+        char *buf;
+        uint64_t len;
+        if ((rc = k3_io_read_file(path, 1ull << 30, &buf, &len, e)))
+            return rc;
+        k3_man_src *s = &p->man.src_files[p->man.nsrc_files++];
+        unsigned int hl;
+        EVP_Digest(buf, (size_t)len, s->sha256, &hl, EVP_sha256(), NULL);
+        s->size = len;
+        s->name = strdup(names[i]);
+        if (!s->name) {
+            free(buf);
+            return k3_err_set(e, K3_ENOMEM, "out of memory");
+        }
+        if (i >= 2) {
+            char out[4200];
+            if ((rc = k3_io_path_join(out, sizeof out, p->dst, names[i], e)) ||
+                (rc = k3_io_write_file_atomic(out, buf, len, e))) {
+                free(buf);
+                return rc;
+            }
+            k3_pk_file *f = &p->man.files[p->man.nfiles++];
+            f->name = strdup(names[i]);
+            f->kind = K3_PK_FILE_TOKENIZER;
+            f->size = len;
+            memcpy(f->sha256, s->sha256, 32);
+            if (!f->name) {
+                free(buf);
+                return k3_err_set(e, K3_ENOMEM, "out of memory");
+            }
+        }
+        free(buf);
+    }
+    return 0;
+}
+
+static int finish(conv *cv, k3_err *e)
+{
+    k3_conv_plan *p = cv->p;
+    int rc = small_files(p, e);
+    if (rc)
+        return rc;
+    uint32_t ns = k3_st_shard_count(p->st);
+    p->man.src_shards = calloc(ns ? ns : 1, sizeof *p->man.src_shards);
+    if (!p->man.src_shards)
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+    for (uint32_t s = 0; s < ns; s++) {
+        k3_man_src *m = &p->man.src_shards[p->man.nsrc_shards++];
+        if (!(m->name = strdup(k3_st_shard_name(p->st, s))))
+            return k3_err_set(e, K3_ENOMEM, "out of memory");
+        m->size = k3_st_shard_size(p->st, s);
+        memcpy(m->sha256, cv->shard_sha[s], 32);
+    }
+    for (uint32_t g = 0; g < p->ngroups; g++) {
+        const k3_conv_group *G = &p->groups[g];
+        for (uint32_t u = G->unit_first; u < G->unit_end; u++)
+            p->man.units[u].crc32 = G->trunk.region_crc[u - G->unit_first];
+    }
+    if (p->man.has_experts) {
+        for (uint64_t r = 0; r < p->nrecs; r++)
+            p->records[r].crc32 = p->groups[p->recs[r].group].experts.region_crc[p->recs[r].slot];
+        k3_pk_file *f = &p->man.files[p->man.expert_index_file];
+        uint8_t *buf = malloc((size_t)f->size);
+        if (!buf)
+            return k3_err_set(e, K3_ENOMEM, "out of memory");
+        k3_man_idx_encode(buf, &p->cfg, p->man.xl.stride, p->records);
+        unsigned int hl;
+        EVP_Digest(buf, (size_t)f->size, f->sha256, &hl, EVP_sha256(), NULL);
+        char path[4200];
+        rc = k3_io_path_join(path, sizeof path, p->dst, f->name, e);
+        if (rc == 0)
+            rc = k3_io_write_file_atomic(path, buf, f->size, e);
+        free(buf);
+        if (rc)
+            return rc;
+    }
+    crash_point("index", 0);
+    p->man.plan_json = strdup("{\"tool\":\"k3-convert\",\"grouping\":\"shard-groups\",\"units\":\"layer-per-group\"}");
+    char *txt = k3_man_to_json(&p->man);
+    if (!txt || !p->man.plan_json) {
+        free(txt);
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+    }
+    /* the manifest must pass our own reader before it is published */
+    k3_man check;
+    char mpath[4200];
+    rc = k3_io_path_join(mpath, sizeof mpath, p->dst, "manifest.json", e);
+    if (rc == 0 && (rc = k3_man_parse(&check, txt, strlen(txt), mpath, e)))
+        rc = k3_err_set(e, K3_EINTERNAL, "the manifest k3-convert produced is invalid: %s", e->msg);
+    k3_man_free(&check);
+    if (rc == 0)
+        rc = k3_io_write_file_atomic(mpath, txt, strlen(txt), e);
+    free(txt);
+    if (rc)
+        return rc;
+    return remove_journal(p->dst, e);
+}
+
+int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv_stats *s, k3_err *e)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    memset(s, 0, sizeof *s);
+    k3_kern_init();
+    if (o->threads > 0)
+        omp_set_num_threads(o->threads);
+    k3_conv_plan plan;
+    int rc = k3_conv_plan_build(&plan, src, dst, e);
+    if (rc)
+        return rc;
+    conv cv = {.p = &plan, .o = o, .s = s};
+    reader rd = {.p = &plan};
+    pthread_mutex_init(&rd.mu, NULL);
+    pthread_cond_init(&rd.cv, NULL);
+    for (uint32_t i = 0; i < K3_CONV_MAX_OPEN_RECORDS; i++)
+        cv.recs[i].rec = -1;
+    uint32_t ns = k3_st_shard_count(plan.st);
+    cv.shard_sha = calloc(ns ? ns : 1, 32);
+    rd.shard_sha = cv.shard_sha;
+    cv.scratch = malloc(K3_CONV_CHUNK + 64);
+    if (!cv.shard_sha || !cv.scratch) {
+        rc = k3_err_set(e, K3_ENOMEM, "out of memory");
+        goto out;
+    }
+    rc = prepare_dst(&plan, o, e);
+    if (rc == 1) {
+        rc = 0;
+        goto out;
+    }
+    if (rc)
+        goto out;
+    s->groups = plan.ngroups;
+    uint64_t todo = 0;
+    for (uint32_t g = 0; g < plan.ngroups; g++) {
+        const char *why = "";
+        int done = o->resume ? journal_load_group(&cv, g, &why, e) : 0;
+        if (done < 0) {
+            rc = done;
+            goto out;
+        }
+        plan.groups[g].done = done;
+        if (done)
+            s->groups_skipped++;
+        else
+            todo += plan.groups[g].input_bytes;
+        if (o->resume && !done && o->progress && strcmp(why, "no journal entry"))
+            fprintf(o->progress, "k3-convert: group %u will be redone: %s\n", g, why);
+    }
+    uint64_t biggest = 0;
+    for (uint32_t i = 0; i < ns; i++)
+        biggest = k3_st_shard_size(plan.st, i) > biggest ? k3_st_shard_size(plan.st, i) : biggest;
+    rd.chunk = (biggest + K3_IO_DIRECT_ALIGN - 1) / K3_IO_DIRECT_ALIGN * K3_IO_DIRECT_ALIGN;
+    rd.chunk = rd.chunk < K3_CONV_CHUNK ? (rd.chunk ? rd.chunk : K3_IO_DIRECT_ALIGN) : K3_CONV_CHUNK;
+    const char *ck = getenv("K3_CONVERT_CHUNK"); /* test knob: smaller read chunks */
+    if (ck) {
+        char *end;
+        unsigned long long v = strtoull(ck, &end, 10);
+        if (!*end && v >= K3_IO_DIRECT_ALIGN && v <= K3_CONV_CHUNK && v % K3_IO_DIRECT_ALIGN == 0)
+            rd.chunk = v;
+    }
+    rd.arena = k3_io_huge_alloc((uint64_t)K3_CONV_NCHUNKS * rd.chunk);
+    rd.bounce = k3_io_alloc_aligned(K3_IO_DIRECT_ALIGN, K3_IO_DIRECT_ALIGN);
+    if (!rd.arena || !rd.bounce) {
+        rc = k3_err_set(e, K3_ENOMEM, "out of memory for the read buffers");
+        goto out;
+    }
+    cv.prog = k3_progress_create("convert", todo, o->progress, o->quiet || !o->progress);
+    for (uint32_t g = 0; g < plan.ngroups && rc == 0; g++)
+        if (!plan.groups[g].done)
+            rc = convert_group(&cv, g, &rd, e);
+    if (rc == 0)
+        k3_progress_finish(cv.prog);
+    k3_progress_free(cv.prog);
+    if (rc == 0)
+        rc = finish(&cv, e);
+out:
+    for (uint32_t i = 0; i < K3_CONV_MAX_OPEN_RECORDS; i++)
+        k3_io_free_aligned(cv.recs[i].buf);
+    if (rd.arena)
+        k3_io_huge_free(rd.arena, (uint64_t)K3_CONV_NCHUNKS * rd.chunk);
+    k3_io_free_aligned(rd.bounce);
+    pthread_mutex_destroy(&rd.mu);
+    pthread_cond_destroy(&rd.cv);
+    free(cv.scratch);
+    free(cv.shard_sha);
+    k3_conv_plan_free(&plan);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    s->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        s->peak_rss_kb = (uint64_t)ru.ru_maxrss;
+    return rc;
+}

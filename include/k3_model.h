@@ -1,0 +1,78 @@
+/*
+ * k3_model.h - the Kimi K3 forward pass (SPEC §1) over a weight source.
+ *
+ * A k3_model holds the dimensions, the scratch for one chunk of up to
+ * max_chunk tokens (sized at open: the decode loop never allocates) and a
+ * borrowed weight source. A k3_sess holds one token stream's state: the
+ * position, the KDA recurrent state and short-conv history of every KDA layer,
+ * and the MLA cache (per MLA layer and position: the latent after
+ * kv_a_layernorm, kv_lora_rank floats, then the shared rope key,
+ * qk_rope_head_dim floats - 576 floats at K3 size).
+ *
+ * Numbers: every token's result depends only on the token ids before it, never
+ * on how the ids were split into chunks, on the thread count or on the weight
+ * source: work is split only over independent outputs and every reduction has
+ * one fixed order (documented in runtime/model.c).
+ */
+#ifndef K3_MODEL_H
+#define K3_MODEL_H
+
+#include <stdint.h>
+
+#include "k3_cfg.h"
+#include "k3_err.h"
+#include "k3_ws.h"
+
+typedef struct k3_model k3_model;
+typedef struct k3_sess k3_sess;
+
+typedef struct k3_model_opts {
+    uint32_t max_chunk;   /* tokens per forward step (0: 64) */
+} k3_model_opts;
+
+/* Validate every tensor's shape and dtype against ws's config and size the
+ * scratch. ws is borrowed and must outlive the model. */
+int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *e);
+void k3_model_close(k3_model *m);   /* accepts NULL */
+
+const k3_cfg *k3_model_cfg(const k3_model *m);
+uint32_t k3_model_max_chunk(const k3_model *m);
+
+/* A stream of up to max_ctx tokens (prompt + generated). */
+int k3_sess_create(k3_sess **out, const k3_model *m, uint32_t max_ctx, k3_err *e);
+void k3_sess_free(k3_sess *s);   /* accepts NULL */
+void k3_sess_reset(k3_sess *s);  /* back to position 0, all state zero */
+uint32_t k3_sess_pos(const k3_sess *s);
+uint32_t k3_sess_max_ctx(const k3_sess *s);
+
+/* Which logits k3_model_forward writes. */
+enum { K3_LOGITS_NONE = 0, K3_LOGITS_LAST = 1, K3_LOGITS_ALL = 2 };
+
+/*
+ * Run n tokens (appended at the session's position) through the model, in
+ * chunks of at most max_chunk. logits receives V floats for the last token
+ * (K3_LOGITS_LAST) or n*V floats, row t for token t (K3_LOGITS_ALL); it may be
+ * NULL with K3_LOGITS_NONE. Ids must be < vocab_size; the session must have
+ * room for n more tokens (K3_ELIMIT otherwise). On error the session is left
+ * in an unspecified state (reset it).
+ */
+int k3_model_forward(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t n,
+                     int logits_mode, float *logits, k3_err *e);
+
+/* Loops with less work than this (multiply-adds; default 65536) run on one
+ * thread. Results never depend on it; tests set 0 to force every loop
+ * through the threaded path. Process-wide. */
+void k3_model_set_parallel_threshold(uint64_t work);
+
+/* Time spent per layer kind since open (seconds), for benchmarks. */
+typedef struct k3_model_times {
+    double embed, attn_kda, attn_mla, mlp_dense, moe, head;
+} k3_model_times;
+void k3_model_times_get(const k3_model *m, k3_model_times *t);
+/* Seconds spent in each layer since open or the last reset (compute only:
+ * the weight source's acquire/release are outside); out has num_hidden_layers
+ * entries. */
+void k3_model_layer_times(const k3_model *m, double *out);
+void k3_model_times_reset(k3_model *m);
+
+#endif

@@ -1,0 +1,158 @@
+/*
+ * k3_ws.h - weight sources: where the forward pass gets its weights from.
+ *
+ * The forward pass never opens a file. It asks a weight source, in this order
+ * and only this way:
+ *   - k3_ws_embed: the embedding rows of some token ids, widened to f32;
+ *   - per layer L: k3_ws_acquire(L) gives a table of tensor views indexed by
+ *     k3_wslot (absent slots have data == NULL), valid until k3_ws_release(L);
+ *   - per MoE layer, after routing: k3_ws_experts_acquire(L, ids, n) gives one
+ *     k3_expert_view per requested expert (n <= k3_ws_expert_batch_max), valid
+ *     until k3_ws_experts_release(L); the model asks in batches;
+ *   - the model output (final norm, output attention residual, head) is the
+ *     group K3_WS_HEAD(cfg) = num_hidden_layers.
+ * At most one trunk group and one expert batch are held at a time. A source
+ * that keeps everything resident makes release a no-op; a streaming source
+ * (RAM budget) reads on acquire and recycles its slots on release. Both give
+ * the same bytes, so the numbers cannot depend on the source.
+ *
+ * Sources: k3_ws_open picks by content of the directory: a packed model
+ * (manifest.json) or an upstream safetensors checkpoint (config.json +
+ * *.safetensors). k3_ws_mem_create builds a random in-memory model for tests.
+ *
+ * Views are borrowed from the source. Matrices are row-major [out][in] BF16 (or
+ * F32); vectors BF16 or F32; expert matrices MXFP4 (packed nibbles + E8M0
+ * scales, layout of k3_kern.h).
+ */
+#ifndef K3_WS_H
+#define K3_WS_H
+
+#include <stdint.h>
+
+#include "k3_cfg.h"
+#include "k3_err.h"
+#include "k3_st.h"
+
+/* Tensor slots of one trunk group. Upstream names (after the
+ * "language_model.model.layers.{L}." prefix) are given by k3_wslot_name. */
+typedef enum k3_wslot {
+    /* every layer */
+    K3_W_INPUT_NORM = 0, K3_W_POST_NORM,
+    K3_W_SA_RES_NORM, K3_W_SA_RES_PROJ, K3_W_MLP_RES_NORM, K3_W_MLP_RES_PROJ,
+    /* KDA */
+    K3_W_KDA_Q, K3_W_KDA_K, K3_W_KDA_V, K3_W_KDA_G, K3_W_KDA_O, K3_W_KDA_FA, K3_W_KDA_FB,
+    K3_W_KDA_B, K3_W_KDA_QCONV, K3_W_KDA_KCONV, K3_W_KDA_VCONV, K3_W_KDA_ALOG,
+    K3_W_KDA_DTBIAS, K3_W_KDA_ONORM,
+    /* MLA */
+    K3_W_MLA_QA, K3_W_MLA_QA_NORM, K3_W_MLA_QB, K3_W_MLA_KVA, K3_W_MLA_KVA_NORM,
+    K3_W_MLA_KVB, K3_W_MLA_O, K3_W_MLA_G,
+    /* dense MLP */
+    K3_W_MLP_GATE, K3_W_MLP_UP, K3_W_MLP_DOWN,
+    /* LatentMoE (routed experts come through k3_ws_experts_acquire) */
+    K3_W_MOE_ROUTER, K3_W_MOE_BIAS, K3_W_MOE_LDOWN, K3_W_MOE_LUP, K3_W_MOE_NORM,
+    K3_W_MOE_SH_GATE, K3_W_MOE_SH_UP, K3_W_MOE_SH_DOWN,
+    /* the head group */
+    K3_W_FINAL_NORM, K3_W_OUT_RES_NORM, K3_W_OUT_RES_PROJ, K3_W_LM_HEAD,
+    K3_W_COUNT
+} k3_wslot;
+
+/* The head group's index for a config. */
+#define K3_WS_HEAD(cfg) ((cfg)->num_hidden_layers)
+
+/* Upstream tensor name of a slot, relative to "language_model.model.layers.{L}."
+ * for layer slots and to "language_model." for the head group (e.g.
+ * "model.norm.weight", "lm_head.weight"). */
+const char *k3_wslot_name(k3_wslot s);
+/* 1 if slot s belongs in a layer of this kind / in the head group. */
+int k3_wslot_in_layer(k3_wslot s, int is_mla, int is_dense);
+int k3_wslot_in_head(k3_wslot s);
+
+typedef struct k3_view {
+    k3_dtype dtype;
+    uint32_t ndim;
+    uint64_t shape[4];
+    const void *data;        /* NULL for an absent slot or in a description */
+} k3_view;
+
+/* Number of elements of a view (product of the shape). */
+uint64_t k3_view_numel(const k3_view *v);
+
+/* One routed expert in MXFP4: [0] = w1 (gate, I x L), [1] = w3 (up, I x L),
+ * [2] = w2 (down, L x I). */
+typedef struct k3_expert_view {
+    const uint8_t *packed[3];
+    const uint8_t *scales[3];
+} k3_expert_view;
+
+typedef struct k3_ws k3_ws;
+
+/* Implementation table (for sources; users call the k3_ws_* wrappers). */
+typedef struct k3_ws_ops {
+    const char *kind;
+    /* Shape and dtype of a slot without reading data (data left NULL);
+     * K3_ENOENT if the source has no such tensor. */
+    int (*describe)(k3_ws *ws, uint32_t group, k3_wslot s, k3_view *out, k3_err *e);
+    int (*acquire)(k3_ws *ws, uint32_t group, const k3_view **views, k3_err *e);
+    void (*release)(k3_ws *ws, uint32_t group);
+    int (*embed)(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_err *e);
+    uint32_t (*expert_batch_max)(k3_ws *ws);
+    int (*experts_acquire)(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n,
+                           k3_expert_view *out, k3_err *e);
+    void (*experts_release)(k3_ws *ws, uint32_t layer);
+    void (*close)(k3_ws *ws);
+} k3_ws_ops;
+
+struct k3_ws {
+    const k3_ws_ops *ops;
+    k3_cfg cfg;
+    char dir[4096];          /* model directory ("" for in-memory sources) */
+    char tok_dir[4096];      /* where tokenizer files are ("" if none) */
+};
+
+/* Open the model at dir: a packed model if dir/manifest.json exists, otherwise
+ * an upstream checkpoint. flags: K3_WS_DROP asks a resident source to free a
+ * group's memory on release (used by benchmarks on huge checkpoints). */
+#define K3_WS_DROP 1u
+int k3_ws_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e);
+
+/* An upstream safetensors checkpoint (config.json + shards), read with k3_st.
+ * Trunk tensors are read on first acquire and kept (or freed on release with
+ * K3_WS_DROP). Experts: upstream MXFP4 (weight_packed/weight_scale) are used
+ * as stored; experts given as BF16/F16/F32 ".weight" are quantized with
+ * k3_mx_quantize when first read - a convenience for checkpoints that a
+ * converter has not seen; the packed path never does this. */
+int k3_ws_st_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e);
+
+/* A packed model directory (manifest.json), read with k3_pk. */
+int k3_ws_pk_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e);
+
+/* A model held in memory with weights drawn from a seeded generator: for
+ * tests and benchmarks only. cfg is copied. Matrices are BF16 scaled by
+ * 1/sqrt(in), vectors F32, experts MXFP4. */
+int k3_ws_mem_create(k3_ws **out, const k3_cfg *cfg, uint64_t seed, k3_err *e);
+
+void k3_ws_close(k3_ws *ws);   /* accepts NULL */
+
+static inline const k3_cfg *k3_ws_cfg(const k3_ws *ws) { return &ws->cfg; }
+static inline int k3_ws_describe(k3_ws *ws, uint32_t g, k3_wslot s, k3_view *v, k3_err *e)
+{
+    return ws->ops->describe(ws, g, s, v, e);
+}
+static inline int k3_ws_acquire(k3_ws *ws, uint32_t g, const k3_view **views, k3_err *e)
+{
+    return ws->ops->acquire(ws, g, views, e);
+}
+static inline void k3_ws_release(k3_ws *ws, uint32_t g) { ws->ops->release(ws, g); }
+static inline int k3_ws_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_err *e)
+{
+    return ws->ops->embed(ws, ids, n, out, e);
+}
+static inline uint32_t k3_ws_expert_batch_max(k3_ws *ws) { return ws->ops->expert_batch_max(ws); }
+static inline int k3_ws_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n,
+                                        k3_expert_view *out, k3_err *e)
+{
+    return ws->ops->experts_acquire(ws, layer, ids, n, out, e);
+}
+static inline void k3_ws_experts_release(k3_ws *ws, uint32_t layer) { ws->ops->experts_release(ws, layer); }
+
+#endif

@@ -1,0 +1,73 @@
+/*
+ * gen.c - prompt processing then incremental decode (k3_gen.h).
+ *
+ * The prompt goes through k3_model_forward in chunks of the model's
+ * max_chunk (each weight read once per chunk); then one token per step with
+ * the session carrying the KDA state, conv history and MLA latents. Nothing
+ * is allocated here: the logits buffer belongs to the caller's options or to
+ * the sampler-sized scratch passed in.
+ */
+#include <string.h>
+#include <time.h>
+
+#include "k3_gen.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int k3_gen_run(k3_model *m, k3_sess *s, k3_sampler *smp, const uint32_t *prompt, uint32_t n_prompt,
+               const k3_gen_opts *o, uint32_t *out, uint32_t *n_out, k3_gen_stats *st, k3_err *e)
+{
+    memset(st, 0, sizeof *st);
+    *n_out = 0;
+    if (n_prompt == 0)
+        return k3_err_set(e, K3_EARG, "empty prompt: at least one token is needed");
+    if ((uint64_t)k3_sess_pos(s) + n_prompt + o->max_new > k3_sess_max_ctx(s))
+        return k3_err_set(e, K3_ELIMIT, "prompt (%u) + generation (%u) exceed the context (%u)", n_prompt,
+                          o->max_new, k3_sess_max_ctx(s));
+    float *logits = o->logits;
+    const uint64_t V = k3_model_cfg(m)->vocab_size;
+    if (!logits)
+        return k3_err_set(e, K3_EARG, "k3_gen_run needs a logits buffer");
+    st->n_prompt = n_prompt;
+    double t0 = now_s();
+    int rc;
+    if (o->all_logits) {
+        rc = k3_model_forward(m, s, prompt, n_prompt, K3_LOGITS_ALL, o->all_logits, e);
+        if (rc == 0)
+            memcpy(logits, o->all_logits + (uint64_t)(n_prompt - 1) * V, V * sizeof(float));
+    } else {
+        rc = k3_model_forward(m, s, prompt, n_prompt, K3_LOGITS_LAST, logits, e);
+    }
+    if (rc < 0)
+        return rc;
+    if (o->first_logits)
+        memcpy(o->first_logits, logits, V * sizeof(float));
+    double t1 = now_s();
+    st->prompt_s = t1 - t0;
+    for (uint32_t i = 0; i < o->max_new; i++) {
+        uint32_t id = k3_sampler_next(smp, logits);
+        out[(*n_out)++] = id;
+        st->n_gen = *n_out;
+        if (o->cb && (rc = o->cb(o->ud, id)) < 0)
+            return rc;
+        int eos = 0;
+        for (uint32_t k = 0; k < o->n_eos; k++)
+            eos |= o->eos[k] == id;
+        if (eos) {
+            st->stopped_by_eos = 1;
+            break;
+        }
+        if (i + 1 == o->max_new)
+            break;
+        rc = k3_model_forward(m, s, &id, 1, K3_LOGITS_LAST, logits, e);
+        if (rc < 0)
+            return rc;
+    }
+    st->decode_s = now_s() - t1;
+    return 0;
+}

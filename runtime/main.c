@@ -1,0 +1,617 @@
+/*
+ * main.c - k3-run: token ids or text in, tokens or text out.
+ *
+ *   k3-run MODEL_DIR (--prompt TEXT | --prompt-file PATH | --ids 1,2,3) [options]
+ *   k3-run --tokenize (--prompt TEXT | --prompt-file PATH) [--tok DIR | MODEL_DIR]
+ *   k3-run --detokenize --ids 1,2,3 [--tok DIR | MODEL_DIR]
+ *
+ * Output: generated text streamed to stdout as it is produced, byte for byte
+ * (plus a final newline only when stdout is a terminal); without a
+ * tokenizer the generated ids, comma-separated, then a newline; with --json
+ * one JSON object at the end instead. Special-token text in a text prompt
+ * becomes the special ids. Diagnostics on stderr; a failure is one line
+ * "k3-run: error: ..." and the exit status of README.md.
+ */
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "k3_err.h"
+#include "k3_gen.h"
+#include "k3_io.h"
+#include "k3_kern.h"
+#include "k3_model.h"
+#include "k3_tok.h"
+#include "k3_ws.h"
+
+#define K3_RUN_VERSION "0.1.0"
+#define MAX_PROMPT_BYTES (64ull << 20)
+#define MAX_IDS (1u << 24)
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: k3-run MODEL_DIR [options]\n"
+            "\n"
+            "Run Kimi K3 (or a checkpoint of the same shape) on a prompt. MODEL_DIR is a packed\n"
+            "model (manifest.json) or an upstream safetensors checkpoint (config.json).\n"
+            "\n"
+            "input (one of):\n"
+            "  --prompt TEXT          the prompt as text (needs the tokenizer files)\n"
+            "  --prompt-file PATH     the prompt's bytes, verbatim\n"
+            "  --ids 1,2,3            the prompt as token ids (no tokenizer needed)\n"
+            "generation:\n"
+            "  --gen N                generate at most N tokens (default 64); stops early on an\n"
+            "                         end-of-sequence id of the tokenizer config\n"
+            "  --temperature T        0 (default) = greedy; otherwise sample\n"
+            "  --top-k K              keep the K most likely ids (0 = all, default)\n"
+            "  --top-p P              keep the smallest set with probability >= P (default 1)\n"
+            "  --seed S               sampler seed (default 0): same seed, same tokens\n"
+            "  --chunk N              prompt tokens per forward step (default 64)\n"
+            "  --threads N            worker threads (default: all cores)\n"
+            "output:\n"
+            "  --json                 one JSON object: prompt_ids, generated_ids, text, timings\n"
+            "  --logits FILE          float32 LE logits of the last prompt position [V]\n"
+            "  --logits-all FILE      float32 LE logits of every prompt position [T][V]\n"
+            "tokenizer only (no weights needed):\n"
+            "  --tokenize             print the ids of the prompt text and exit\n"
+            "  --detokenize           print the text of --ids and exit\n"
+            "  --tok DIR              directory with tiktoken.model + tokenizer_config.json\n"
+            "                         (default: MODEL_DIR)\n"
+            "  --version, --help\n"
+            "\n"
+            "Sampling: temperature, then top-k, then top-p over the sorted distribution, then one\n"
+            "uniform draw (xoshiro256** seeded by splitmix64(seed)) through the inverse CDF.\n"
+            "\n"
+            "Exit: 0 ok, 2 usage, 3 bad format, 4 I/O error, 5 corrupt, 6 limit/memory,\n"
+            "9 internal error, 130 interrupted.\n");
+}
+
+static int die(int code, const char *msg)
+{
+    fflush(stdout);
+    fprintf(stderr, "k3-run: error: %s\n", msg);
+    return k3_err_exit_status(code);
+}
+
+static int dief(int code, const char *fmt, const char *arg)
+{
+    char buf[2048];
+    snprintf(buf, sizeof buf, fmt, arg);
+    return die(code, buf);
+}
+
+static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ')
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_f(const char *s, double lo, double hi, double *out)
+{
+    if (!s || !*s || *s == ' ')
+        return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !(v >= lo && v <= hi))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* "1,2,3" -> heap array. */
+static int parse_ids(const char *s, uint32_t **ids, uint32_t *n)
+{
+    uint32_t cap = 16, k = 0;
+    uint32_t *a = malloc(cap * sizeof *a);
+    if (!a)
+        return -1;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        if (*p < '0' || *p > '9') {
+            free(a);
+            return -1;
+        }
+        errno = 0;
+        unsigned long v = strtoul(p, &end, 10);
+        if (errno || v > UINT32_MAX || (*end && *end != ',') || k == MAX_IDS) {
+            free(a);
+            return -1;
+        }
+        if (k == cap) {
+            uint32_t *b = realloc(a, (cap *= 2) * sizeof *a);
+            if (!b) {
+                free(a);
+                return -1;
+            }
+            a = b;
+        }
+        a[k++] = (uint32_t)v;
+        p = *end ? end + 1 : end;
+        if (*end == ',' && !*p) {
+            free(a);
+            return -1;
+        }
+    }
+    if (k == 0) {
+        free(a);
+        return -1;
+    }
+    *ids = a;
+    *n = k;
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int write_floats(const char *path, const float *x, uint64_t n, k3_err *e)
+{
+    /* float32 little-endian: this code targets little-endian hosts (x86-64, arm64) */
+    return k3_io_write_file_atomic(path, x, n * sizeof(float), e);
+}
+
+typedef struct stream_ctx {
+    k3_tok_stream *ts;
+    int json;
+    int first;
+    const uint32_t *eos; /* end-of-sequence ids: kept in the ids, not written as text */
+    uint32_t n_eos;
+    char *text;          /* accumulated output text (for --json) */
+    uint64_t len, cap;
+    k3_err *e;
+} stream_ctx;
+
+static int append(stream_ctx *c, const char *b, uint64_t n)
+{
+    if (c->len + n + 1 > c->cap) {
+        uint64_t cap = c->cap ? c->cap : 256;
+        while (cap < c->len + n + 1)
+            cap *= 2;
+        char *t = realloc(c->text, cap);
+        if (!t)
+            return k3_err_set(c->e, K3_ENOMEM, "out of memory for the output text");
+        c->text = t;
+        c->cap = cap;
+    }
+    memcpy(c->text + c->len, b, n);
+    c->len += n;
+    c->text[c->len] = 0;
+    return 0;
+}
+
+static int on_token(void *ud, uint32_t id)
+{
+    stream_ctx *c = ud;
+    if (!c->ts) {
+        if (!c->json) {
+            printf("%s%u", c->first ? "" : ",", id);
+            fflush(stdout);
+        }
+        c->first = 0;
+        return 0;
+    }
+    for (uint32_t k = 0; k < c->n_eos; k++)
+        if (c->eos[k] == id)
+            return 0;
+    const char *b;
+    uint64_t n;
+    int rc = k3_tok_stream_push(c->ts, id, &b, &n, c->e);
+    if (rc < 0)
+        return rc;
+    if (c->json)
+        return append(c, b, n);
+    if (n) {
+        fwrite(b, 1, n, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static void print_ids(const uint32_t *ids, uint32_t n)
+{
+    putchar('[');
+    for (uint32_t i = 0; i < n; i++)
+        printf(i ? ",%u" : "%u", ids[i]);
+    putchar(']');
+}
+
+/* Length of the well-formed UTF-8 sequence at s (Unicode Table 3-7), 0 if
+ * the bytes there are not one. */
+static int utf8_len(const unsigned char *s, uint64_t n)
+{
+    unsigned c = s[0];
+    if (c < 0x80)
+        return 1;
+    int len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!len || (uint64_t)len > n)
+        return 0;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (int i = 2; i < len; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF)
+            return 0;
+    return len;
+}
+
+/* The generated bytes as a JSON string: valid UTF-8 copied, control
+ * characters escaped, each byte that is not part of valid UTF-8 written as
+ * U+FFFD (JSON text must be UTF-8; the exact bytes are what --detokenize of
+ * generated_ids gives). */
+static void print_json_text(const char *text, uint64_t n)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    putchar('"');
+    for (uint64_t i = 0; i < n;) {
+        unsigned c = s[i];
+        int len = utf8_len(s + i, n - i);
+        if (len == 0) {
+            fputs("\\ufffd", stdout);
+            i++;
+        } else if (c == '"' || c == '\\') {
+            printf("\\%c", c);
+            i++;
+        } else if (c == '\n') {
+            fputs("\\n", stdout);
+            i++;
+        } else if (c == '\t') {
+            fputs("\\t", stdout);
+            i++;
+        } else if (c < 0x20 || c == 0x7f) {
+            printf("\\u%04x", c);
+            i++;
+        } else {
+            fwrite(s + i, 1, (size_t)len, stdout);
+            i += (uint64_t)len;
+        }
+    }
+    putchar('"');
+}
+
+/* Does dir hold a tokenizer? */
+static int has_tokenizer(const char *dir)
+{
+    char p[4096];
+    if (!dir || k3_io_path_join(p, sizeof p, dir, "tiktoken.model", NULL) < 0)
+        return 0;
+    return access(p, R_OK) == 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_dir = NULL, *prompt = NULL, *prompt_file = NULL, *ids_arg = NULL, *tok_dir = NULL;
+    const char *logits_path = NULL, *logits_all_path = NULL;
+    uint64_t gen = 64, chunk = 64, threads = 0, top_k = 0, seed = 0;
+    double temperature = 0.0, top_p = 1.0;
+    int json = 0, tokenize = 0, detokenize = 0;
+    k3_io_fault_reset();
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDV()                                                             \
+    do {                                                                    \
+        if (!v)                                                             \
+            return dief(K3_EARG, "option %s needs a value (see --help)", a); \
+        i++;                                                                \
+    } while (0)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--version")) {
+            printf("k3-run %s (kernels: %s)\n", K3_RUN_VERSION, k3_kern_name());
+            return 0;
+        } else if (!strcmp(a, "--prompt")) {
+            NEEDV();
+            prompt = v;
+        } else if (!strcmp(a, "--prompt-file")) {
+            NEEDV();
+            prompt_file = v;
+        } else if (!strcmp(a, "--ids")) {
+            NEEDV();
+            ids_arg = v;
+        } else if (!strcmp(a, "--tok")) {
+            NEEDV();
+            tok_dir = v;
+        } else if (!strcmp(a, "--logits")) {
+            NEEDV();
+            logits_path = v;
+        } else if (!strcmp(a, "--logits-all")) {
+            NEEDV();
+            logits_all_path = v;
+        } else if (!strcmp(a, "--gen")) {
+            NEEDV();
+            if (parse_u64(v, 0, 1u << 24, &gen))
+                return dief(K3_EARG, "--gen: '%s' is not a count from 0 to 16777216", v);
+        } else if (!strcmp(a, "--chunk")) {
+            NEEDV();
+            if (parse_u64(v, 1, 1u << 16, &chunk))
+                return dief(K3_EARG, "--chunk: '%s' is not a count from 1 to 65536", v);
+        } else if (!strcmp(a, "--threads")) {
+            NEEDV();
+            if (parse_u64(v, 1, 1024, &threads))
+                return dief(K3_EARG, "--threads: '%s' is not a count from 1 to 1024", v);
+        } else if (!strcmp(a, "--top-k")) {
+            NEEDV();
+            if (parse_u64(v, 0, UINT32_MAX, &top_k))
+                return dief(K3_EARG, "--top-k: '%s' is not a count", v);
+        } else if (!strcmp(a, "--seed")) {
+            NEEDV();
+            if (parse_u64(v, 0, UINT64_MAX, &seed))
+                return dief(K3_EARG, "--seed: '%s' is not an unsigned 64-bit number", v);
+        } else if (!strcmp(a, "--temperature")) {
+            NEEDV();
+            if (parse_f(v, 0.0, 1e6, &temperature))
+                return dief(K3_EARG, "--temperature: '%s' is not a number from 0 to 1e6", v);
+        } else if (!strcmp(a, "--top-p")) {
+            NEEDV();
+            if (parse_f(v, 0.0, 1.0, &top_p) || top_p <= 0.0)
+                return dief(K3_EARG, "--top-p: '%s' is not a number in (0, 1]", v);
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--tokenize")) {
+            tokenize = 1;
+        } else if (!strcmp(a, "--detokenize")) {
+            detokenize = 1;
+        } else if (a[0] == '-' && a[1]) {
+            return dief(K3_EARG, "unknown option %s (see --help)", a);
+        } else if (!model_dir) {
+            model_dir = a;
+        } else {
+            return dief(K3_EARG, "unexpected argument '%s': one MODEL_DIR only", a);
+        }
+#undef NEEDV
+    }
+    if (threads)
+        omp_set_num_threads((int)threads);
+    int n_inputs = !!prompt + !!prompt_file + !!ids_arg;
+    if (n_inputs > 1)
+        return die(K3_EARG, "give only one of --prompt, --prompt-file, --ids");
+    if (tokenize && detokenize)
+        return die(K3_EARG, "--tokenize and --detokenize exclude each other");
+
+    k3_err e = {0};
+    int rc = 0;
+    char *text = NULL;
+    uint64_t text_len = 0;
+    if (prompt) {
+        text = strdup(prompt);
+        if (!text)
+            return die(K3_ENOMEM, "out of memory");
+        text_len = strlen(prompt);
+    } else if (prompt_file) {
+        rc = k3_io_read_file(prompt_file, MAX_PROMPT_BYTES, &text, &text_len, &e);
+        if (rc < 0)
+            return die(rc, e.msg);
+    }
+    uint32_t *ids = NULL, n_ids = 0;
+    if (ids_arg && parse_ids(ids_arg, &ids, &n_ids)) {
+        free(text);
+        return dief(K3_EARG, "--ids: '%s' is not a comma-separated list of token ids", ids_arg);
+    }
+
+    /* ---- tokenizer-only modes ---- */
+    const char *tdir = tok_dir ? tok_dir : model_dir;
+    k3_tok *tok = NULL;
+    if (tokenize || detokenize) {
+        if (!tdir) {
+            free(text);
+            free(ids);
+            return die(K3_EARG, "--tokenize/--detokenize need --tok DIR or MODEL_DIR");
+        }
+        if ((tokenize && !text) || (detokenize && !ids)) {
+            free(text);
+            free(ids);
+            return die(K3_EARG, tokenize ? "--tokenize needs --prompt or --prompt-file"
+                                         : "--detokenize needs --ids");
+        }
+        rc = k3_tok_open(&tok, tdir, &e);
+        if (rc == 0 && tokenize) {
+            uint32_t *out;
+            uint64_t n;
+            rc = k3_tok_encode(tok, text, text_len, 1, &out, &n, &e);
+            if (rc == 0) {
+                for (uint64_t i = 0; i < n; i++)
+                    printf("%s%u", i ? "," : "", out[i]);
+                printf("\n");
+                free(out);
+            }
+        } else if (rc == 0) {
+            char *out;
+            uint64_t n;
+            rc = k3_tok_decode(tok, ids, n_ids, &out, &n, &e);
+            if (rc == 0) {
+                fwrite(out, 1, n, stdout);
+                free(out);
+            }
+        }
+        k3_tok_close(tok);
+        free(text);
+        free(ids);
+        return rc < 0 ? die(rc, e.msg) : 0;
+    }
+
+    if (!model_dir) {
+        free(text);
+        free(ids);
+        return die(K3_EARG, "no MODEL_DIR given (see --help)");
+    }
+    if (n_inputs == 0) {
+        free(text);
+        free(ids);
+        return die(K3_EARG, "no prompt: give --prompt, --prompt-file or --ids");
+    }
+
+    double t_load0 = now_s();
+    k3_ws *ws = NULL;
+    k3_model *m = NULL;
+    k3_sess *s = NULL;
+    k3_sampler *smp = NULL;
+    k3_tok_stream *ts = NULL;
+    float *logits = NULL, *first = NULL, *all = NULL;
+    uint32_t *gen_ids = NULL, n_gen = 0;
+    stream_ctx sc = {0};
+
+    rc = k3_ws_open(&ws, model_dir, 0, &e);
+    if (rc < 0)
+        goto out;
+    if (!tdir || (!tok_dir && !ws->tok_dir[0]))
+        tdir = ws->tok_dir[0] ? ws->tok_dir : NULL;
+    if (tdir && has_tokenizer(tdir)) {
+        rc = k3_tok_open(&tok, tdir, &e);
+        if (rc < 0)
+            goto out;
+    } else if (tok_dir) {
+        rc = k3_err_set(&e, K3_ENOENT, "%s: no tiktoken.model", tok_dir);
+        goto out;
+    }
+    if (text) {
+        if (!tok) {
+            rc = k3_err_set(&e, K3_ENOENT, "%s: a text prompt needs the tokenizer files (tiktoken.model); "
+                                           "use --ids or --tok DIR", model_dir);
+            goto out;
+        }
+        uint64_t n;
+        rc = k3_tok_encode(tok, text, text_len, 1, &ids, &n, &e);
+        if (rc < 0)
+            goto out;
+        if (n == 0 || n > MAX_IDS) {
+            rc = k3_err_set(&e, K3_EARG, "the prompt encodes to %llu tokens (need 1 to %u)", (unsigned long long)n,
+                            MAX_IDS);
+            goto out;
+        }
+        n_ids = (uint32_t)n;
+    }
+    k3_model_opts mo = {(uint32_t)chunk};
+    rc = k3_model_open(&m, ws, &mo, &e);
+    if (rc < 0)
+        goto out;
+    const uint32_t V = k3_model_cfg(m)->vocab_size;
+    for (uint32_t i = 0; i < n_ids; i++)
+        if (ids[i] >= V) {
+            rc = k3_err_set(&e, K3_EARG, "token id %u (position %u) is out of range: vocabulary %u", ids[i], i, V);
+            goto out;
+        }
+    rc = k3_sess_create(&s, m, n_ids + (uint32_t)gen, &e);
+    if (rc < 0)
+        goto out;
+    rc = k3_sampler_create(&smp, V, (float)temperature, (uint32_t)top_k, (float)top_p, seed, &e);
+    if (rc < 0)
+        goto out;
+    logits = malloc((uint64_t)V * sizeof(float));
+    first = malloc((uint64_t)V * sizeof(float));
+    gen_ids = malloc((gen ? gen : 1) * sizeof(uint32_t));
+    if (logits_all_path)
+        all = malloc((uint64_t)n_ids * V * sizeof(float));
+    if (!logits || !first || !gen_ids || (logits_all_path && !all)) {
+        rc = k3_err_set(&e, K3_ENOMEM, "out of memory for logits");
+        goto out;
+    }
+    if (tok) {
+        rc = k3_tok_stream_create(&ts, tok, &e);
+        if (rc < 0)
+            goto out;
+    }
+    double t_load = now_s() - t_load0;
+    sc.ts = ts;
+    sc.json = json;
+    sc.first = 1;
+    sc.e = &e;
+    const uint32_t *eos = NULL;
+    uint32_t n_eos = 0;
+    if (tok)
+        k3_tok_eos_ids(tok, &eos, &n_eos);
+    sc.eos = eos;
+    sc.n_eos = n_eos;
+    k3_gen_opts go = {(uint32_t)gen, eos, n_eos, logits, first, all, on_token, &sc};
+    k3_gen_stats st;
+    if (gen == 0) {
+        /* prompt only: still compute the logits asked for */
+        rc = k3_model_forward(m, s, ids, n_ids, all ? K3_LOGITS_ALL : K3_LOGITS_LAST, all ? all : first, &e);
+        if (rc == 0 && all)
+            memcpy(first, all + (uint64_t)(n_ids - 1) * V, (uint64_t)V * sizeof(float));
+        memset(&st, 0, sizeof st);
+    } else {
+        rc = k3_gen_run(m, s, smp, ids, n_ids, &go, gen_ids, &n_gen, &st, &e);
+    }
+    if (rc < 0)
+        goto out;
+    if (ts) {
+        const char *b;
+        uint64_t n;
+        k3_tok_stream_flush(ts, &b, &n);
+        if (json)
+            rc = append(&sc, b, n);
+        else
+            fwrite(b, 1, n, stdout);
+        if (rc < 0)
+            goto out;
+    }
+    /* ids end with a newline; text is written verbatim (a newline is added
+     * only for a terminal, so that redirected output is exactly the text) */
+    if (!json && (!ts || isatty(STDOUT_FILENO)))
+        printf("\n");
+    fflush(stdout);
+    if (logits_path && (rc = write_floats(logits_path, first, V, &e)) < 0)
+        goto out;
+    if (logits_all_path && (rc = write_floats(logits_all_path, all, (uint64_t)n_ids * V, &e)) < 0)
+        goto out;
+    if (json) {
+        printf("{\"prompt_ids\":");
+        print_ids(ids, n_ids);
+        printf(",\"generated_ids\":");
+        print_ids(gen_ids, n_gen);
+        printf(",\"text\":");
+        if (ts)
+            print_json_text(sc.text ? sc.text : "", sc.len);
+        else
+            printf("null");
+        printf(",\"stop\":\"%s\"", st.stopped_by_eos ? "eos" : "length");
+        printf(",\"timings\":{\"load_s\":%.6f,\"prompt_s\":%.6f,\"prompt_tokens_per_s\":%.3f,"
+               "\"decode_s\":%.6f,\"decode_tokens_per_s\":%.3f}",
+               t_load, st.prompt_s, st.prompt_s > 0 ? n_ids / st.prompt_s : 0.0, st.decode_s,
+               st.decode_s > 0 && n_gen > 1 ? (n_gen - 1) / st.decode_s : 0.0);
+        printf(",\"kernels\":\"%s\",\"threads\":%d,\"chunk\":%llu}\n", k3_kern_name(), omp_get_max_threads(),
+               (unsigned long long)chunk);
+        fflush(stdout);
+    }
+out:
+    free(sc.text);
+    k3_tok_stream_free(ts);
+    free(logits);
+    free(first);
+    free(all);
+    free(gen_ids);
+    k3_sampler_free(smp);
+    k3_sess_free(s);
+    k3_model_close(m);
+    k3_ws_close(ws);
+    k3_tok_close(tok);
+    free(text);
+    free(ids);
+    return rc < 0 ? die(rc, e.msg) : 0;
+}

@@ -1,0 +1,133 @@
+/*
+ * mla.c - gated multi-head latent attention, NoPE (SPEC §1.4), over a chunk.
+ *
+ * Cache: per position only the latent after kv_a_layernorm (kv_lora floats)
+ * and the shared rope key (rope floats). k/v are never expanded per position:
+ * W_kv_b is absorbed instead, the same way for every chunk size:
+ *   q_lat_h[c] = sum_r Wkb_h[r][c] * q_nope_h[r]          r ascending, float
+ *   score(s)   = (dot(q_lat_h, lat_s) + dot(q_rope_h, kr_s)) * (nope+rope)^-0.5
+ *   p = softmax over s <= pos (max first, sum of exp in double, s ascending)
+ *   o_lat_h[c] = sum_s p_s * lat_s[c]                     s ascending, float
+ *   o_h        = Wvb_h . o_lat_h                          (k3 kernel)
+ * dot() is k3_mla_dot: eight interleaved float partial sums combined in a fixed
+ * tree. Every (token, head) pair is independent and is one unit of parallel
+ * work.
+ */
+#include <omp.h>
+#include <string.h>
+
+#include "k3_kern.h"
+#include "model_int.h"
+
+/* bf16 -> f32 is exact (the bits shifted up); inline so the absorption loop
+ * vectorises. Same value as k3_bf16_to_f32. */
+static inline float bf16_widen(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static float k3_mla_dot(const float *a, const float *b, uint32_t n)
+{
+    float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int l = 0; l < 8; l++)
+            p[l] += a[c + l] * b[c + l];
+    for (uint32_t l = 0; c < n; c++, l++)
+        p[l] += a[c] * b[c];
+    return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
+}
+
+int k3_mla_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e)
+{
+    const k3_dims *d = &m->d;
+    const uint32_t MH = d->MH, NOPE = d->NOPE, ROPE = d->ROPE, VD = d->VD, QK = d->QK, KVL = d->KVL;
+    const uint32_t CL = KVL + ROPE, idx = m->layer_slot[layer], pos0 = s->pos;
+    (void)e;
+
+    k3_model_mm(&v[K3_W_MLA_QA], m->xn, T, m->mqa);
+    k3_model_rmsnorm(m->mqa, m->vf[K3_W_MLA_QA_NORM], d->QL, T, d->eps, m->mqa);
+    k3_model_mm(&v[K3_W_MLA_QB], m->mqa, T, m->mq);
+    k3_model_mm(&v[K3_W_MLA_KVA], m->xn, T, m->mc);
+
+    float *cache = s->mla_cache + (uint64_t)idx * s->max_ctx * CL;
+    for (uint32_t t = 0; t < T; t++) {
+        float *dst = cache + (uint64_t)(pos0 + t) * CL;
+        const float *c = m->mc + (uint64_t)t * CL;
+        k3_model_rmsnorm(c, m->vf[K3_W_MLA_KVA_NORM], KVL, 1, d->eps, dst);
+        memcpy(dst + KVL, c + KVL, ROPE * sizeof(float));
+    }
+
+    const k3_view *kvb = &v[K3_W_MLA_KVB];
+    const uint32_t kvb_rows_per_head = NOPE + VD;
+    const float scale = 1.0f / sqrtf((float)QK);
+    const uint32_t pairs = T * MH;
+
+#pragma omp parallel for schedule(dynamic, 1) num_threads(m->nthreads) \
+    if ((uint64_t)pairs * (pos0 + T) * CL > K3_PAR_MIN)
+    for (uint32_t pi = 0; pi < pairs; pi++) {
+        const uint32_t t = pi / MH, h = pi % MH;
+        const float *q = m->mq + (uint64_t)t * MH * QK + (uint64_t)h * QK;
+        float *ql = m->mqlat + ((uint64_t)t * MH + h) * KVL;
+        /* absorb the key half of W_kv_b into the query */
+        for (uint32_t c = 0; c < KVL; c++)
+            ql[c] = 0.0f;
+        const uint64_t row0 = (uint64_t)h * kvb_rows_per_head;
+        for (uint32_t r = 0; r < NOPE; r++) {
+            const float qr = q[r];
+            if (kvb->dtype == K3_DT_BF16) {
+                const uint16_t *w = (const uint16_t *)kvb->data + (row0 + r) * KVL;
+                for (uint32_t c = 0; c < KVL; c++)
+                    ql[c] += bf16_widen(w[c]) * qr;
+            } else {
+                const float *w = (const float *)kvb->data + (row0 + r) * KVL;
+                for (uint32_t c = 0; c < KVL; c++)
+                    ql[c] += w[c] * qr;
+            }
+        }
+        /* scores over positions 0..pos0+t */
+        const uint32_t n = pos0 + t + 1;
+        float *sc = s->scores + (uint64_t)omp_get_thread_num() * s->max_ctx;
+        float mx = -INFINITY;
+        for (uint32_t p = 0; p < n; p++) {
+            const float *cp = cache + (uint64_t)p * CL;
+            float a = k3_mla_dot(ql, cp, KVL) + k3_mla_dot(q + NOPE, cp + KVL, ROPE);
+            sc[p] = a * scale;
+            if (sc[p] > mx)
+                mx = sc[p];
+        }
+        double sum = 0.0;
+        for (uint32_t p = 0; p < n; p++) {
+            sc[p] = expf(sc[p] - mx);
+            sum += sc[p];
+        }
+        const float inv = (float)(1.0 / sum);
+        float *ol = m->molat + ((uint64_t)h * T + t) * KVL;
+        for (uint32_t c = 0; c < KVL; c++)
+            ol[c] = 0.0f;
+        for (uint32_t p = 0; p < n; p++) {
+            const float w = sc[p] * inv;
+            const float *cp = cache + (uint64_t)p * CL;
+            for (uint32_t c = 0; c < KVL; c++)
+                ol[c] += w * cp[c];
+        }
+    }
+    /* values: per head, Wvb_h . o_lat_h for the chunk's tokens */
+    for (uint32_t h = 0; h < MH; h++)
+        k3_model_mm_rows(kvb, (uint64_t)h * kvb_rows_per_head + NOPE, VD, m->molat + (uint64_t)h * T * KVL, T,
+                         m->mov + (uint64_t)h * T * VD);
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t h = 0; h < MH; h++)
+            memcpy(m->mo + ((uint64_t)t * MH + h) * VD, m->mov + ((uint64_t)h * T + t) * VD, VD * sizeof(float));
+    if (d->mla_gate) {
+        k3_model_mm(&v[K3_W_MLA_G], m->xn, T, m->mg);
+        const uint64_t n = (uint64_t)T * MH * VD;
+        for (uint64_t i = 0; i < n; i++)
+            m->mo[i] *= k3_sigmoidf(m->mg[i]);
+    }
+    k3_model_mm(&v[K3_W_MLA_O], m->mo, T, m->attn);
+    return 0;
+}

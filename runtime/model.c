@@ -1,0 +1,607 @@
+/*
+ * model.c - the forward pass driver (SPEC §1.4): open/validate, scratch, the
+ * attention-residual stack, norms, the head; layer parts live in kda.c,
+ * mla.c and moe.c.
+ *
+ * Fixed reduction orders (the determinism contract):
+ *  - RMSNorm: sum of squares in double, index ascending; y = w * (x * r)
+ *    with r = (float)(1/sqrt(ss/n + eps)).
+ *  - AttnRes: per source, dot(S, f) and sum of squares in double, index
+ *    ascending; softmax over sources in source order (max first, sum of
+ *    exp in double); output sum over sources in source order, in float.
+ *  - Matrix products: k3_gemm_* (the kernel contract: per output element a
+ *    fixed order independent of T and of the thread count); F32 matrices
+ *    (accepted for small tensors) by a plain column-ascending float loop.
+ * Work is split over tokens or rows only, never inside a reduction.
+ */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3_kern.h"
+#include "model_int.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+uint64_t k3_model_par_min = 1u << 16;
+
+void k3_model_set_parallel_threshold(uint64_t work) { k3_model_par_min = work; }
+
+static uint64_t view_rows(const k3_view *v) { return v->ndim ? v->shape[0] : 1; }
+static uint64_t view_cols(const k3_view *v)
+{
+    uint64_t n = k3_view_numel(v), r = view_rows(v);
+    return r ? n / r : 0;
+}
+
+void k3_model_mm_rows(const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T, float *Y)
+{
+    uint64_t cols = view_cols(W);
+    if (W->dtype == K3_DT_BF16) {
+        const uint16_t *w = (const uint16_t *)W->data + row0 * cols;
+        if (omp_in_parallel())
+            k3_gemm_bf16_st(w, rows, cols, X, T, Y);
+        else
+            k3_gemm_bf16(w, rows, cols, X, T, Y);
+        return;
+    }
+    /* F32 */
+    const float *w = (const float *)W->data + row0 * cols;
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols * T > K3_PAR_MIN)
+    for (uint64_t r = 0; r < rows; r++) {
+        for (uint32_t t = 0; t < T; t++) {
+            float acc = 0.0f;
+            const float *x = X + (uint64_t)t * cols, *wr = w + r * cols;
+            for (uint64_t c = 0; c < cols; c++)
+                acc += wr[c] * x[c];
+            Y[(uint64_t)t * rows + r] = acc;
+        }
+    }
+}
+
+void k3_model_mm(const k3_view *W, const float *X, uint32_t T, float *Y)
+{
+    k3_model_mm_rows(W, 0, view_rows(W), X, T, Y);
+}
+
+static void rmsnorm_row(const float *x, const float *w, uint32_t n, float eps, float *y)
+{
+    double ss = 0.0;
+    for (uint32_t i = 0; i < n; i++)
+        ss += (double)x[i] * (double)x[i];
+    float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    if (w) {
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = w[i] * (x[i] * r);
+    } else {
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = x[i] * r;
+    }
+}
+
+void k3_model_rmsnorm(const float *x, const float *w, uint32_t n, uint32_t T, float eps, float *y)
+{
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && (uint64_t)T * n > K3_PAR_MIN)
+    for (uint32_t t = 0; t < T; t++)
+        rmsnorm_row(x + (uint64_t)t * n, w, n, eps, y + (uint64_t)t * n);
+}
+
+uint64_t k3_view_numel(const k3_view *v)
+{
+    uint64_t n = 1;
+    for (uint32_t i = 0; i < v->ndim; i++)
+        n *= v->shape[i];
+    return n;
+}
+
+/* ------------------------------------------------------------ validation */
+
+static int is_vector_slot(k3_wslot s)
+{
+    switch (s) {
+    case K3_W_INPUT_NORM: case K3_W_POST_NORM: case K3_W_SA_RES_NORM: case K3_W_SA_RES_PROJ:
+    case K3_W_MLP_RES_NORM: case K3_W_MLP_RES_PROJ: case K3_W_KDA_QCONV: case K3_W_KDA_KCONV:
+    case K3_W_KDA_VCONV: case K3_W_KDA_ALOG: case K3_W_KDA_DTBIAS: case K3_W_KDA_ONORM:
+    case K3_W_MLA_QA_NORM: case K3_W_MLA_KVA_NORM: case K3_W_MOE_BIAS: case K3_W_MOE_NORM:
+    case K3_W_FINAL_NORM: case K3_W_OUT_RES_NORM: case K3_W_OUT_RES_PROJ:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Expected shape of a slot: a matrix rows x cols, or a vector of n (cols = 0;
+ * for A_log at least n). Returns 0 if the slot is optional-absent for cfg. */
+static int slot_shape(const k3_dims *d, k3_wslot s, uint64_t *rows, uint64_t *cols)
+{
+    *cols = 0;
+    switch (s) {
+    case K3_W_INPUT_NORM: case K3_W_POST_NORM: case K3_W_SA_RES_NORM: case K3_W_SA_RES_PROJ:
+    case K3_W_MLP_RES_NORM: case K3_W_MLP_RES_PROJ: case K3_W_FINAL_NORM:
+    case K3_W_OUT_RES_NORM: case K3_W_OUT_RES_PROJ:
+        *rows = d->E; return 1;
+    case K3_W_KDA_Q: case K3_W_KDA_K: case K3_W_KDA_V: case K3_W_KDA_G:
+        *rows = d->P; *cols = d->E; return 1;
+    case K3_W_KDA_O: *rows = d->E; *cols = d->P; return 1;
+    case K3_W_KDA_FA: *rows = d->D; *cols = d->E; return 1;
+    case K3_W_KDA_FB: *rows = d->P; *cols = d->D; return 1;
+    case K3_W_KDA_B: *rows = d->H; *cols = d->E; return 1;
+    case K3_W_KDA_QCONV: case K3_W_KDA_KCONV: case K3_W_KDA_VCONV:
+        *rows = (uint64_t)d->P * d->CW; return 1;
+    case K3_W_KDA_ALOG: *rows = d->H; return 1;
+    case K3_W_KDA_DTBIAS: *rows = d->P; return 1;
+    case K3_W_KDA_ONORM: *rows = d->D; return 1;
+    case K3_W_MLA_QA: *rows = d->QL; *cols = d->E; return 1;
+    case K3_W_MLA_QA_NORM: *rows = d->QL; return 1;
+    case K3_W_MLA_QB: *rows = (uint64_t)d->MH * d->QK; *cols = d->QL; return 1;
+    case K3_W_MLA_KVA: *rows = (uint64_t)d->KVL + d->ROPE; *cols = d->E; return 1;
+    case K3_W_MLA_KVA_NORM: *rows = d->KVL; return 1;
+    case K3_W_MLA_KVB: *rows = (uint64_t)d->MH * (d->NOPE + d->VD); *cols = d->KVL; return 1;
+    case K3_W_MLA_O: *rows = d->E; *cols = (uint64_t)d->MH * d->VD; return 1;
+    case K3_W_MLA_G: *rows = (uint64_t)d->MH * d->VD; *cols = d->E; return d->mla_gate;
+    case K3_W_MLP_GATE: case K3_W_MLP_UP: *rows = d->IDN; *cols = d->E; return 1;
+    case K3_W_MLP_DOWN: *rows = d->E; *cols = d->IDN; return 1;
+    case K3_W_MOE_ROUTER: *rows = d->NE; *cols = d->E; return 1;
+    case K3_W_MOE_BIAS: *rows = d->NE; return 1;
+    case K3_W_MOE_LDOWN: *rows = d->LAT; *cols = d->E; return 1;
+    case K3_W_MOE_LUP: *rows = d->E; *cols = d->LAT; return 1;
+    case K3_W_MOE_NORM: *rows = d->LAT; return d->moe_norm;
+    case K3_W_MOE_SH_GATE: case K3_W_MOE_SH_UP:
+        *rows = (uint64_t)d->I * d->NSH; *cols = d->E; return d->NSH > 0;
+    case K3_W_MOE_SH_DOWN: *rows = d->E; *cols = (uint64_t)d->I * d->NSH; return d->NSH > 0;
+    case K3_W_LM_HEAD: *rows = d->V; *cols = d->E; return 1;
+    default: return 0;
+    }
+}
+
+static int check_group(k3_model *m, uint32_t g, int is_head, int is_mla, int is_dense,
+                       uint64_t *smalls_need, k3_err *e)
+{
+    uint64_t need = 0;
+    for (int si = 0; si < K3_W_COUNT; si++) {
+        k3_wslot s = (k3_wslot)si;
+        if (is_head ? !k3_wslot_in_head(s) : !k3_wslot_in_layer(s, is_mla, is_dense))
+            continue;
+        uint64_t rows, cols;
+        if (!slot_shape(&m->d, s, &rows, &cols))
+            continue;
+        k3_view v;
+        memset(&v, 0, sizeof v);
+        int rc = k3_ws_describe(m->ws, g, s, &v, e);
+        if (rc < 0)
+            return rc;
+        const char *where = is_head ? "model output" : "layer";
+        uint64_t n = k3_view_numel(&v);
+        if (cols) {
+            if (v.dtype != K3_DT_BF16 && v.dtype != K3_DT_F32)
+                return k3_err_set(e, K3_EFORMAT, "%s %u: tensor %s has dtype %s, expected BF16 or F32",
+                                  where, is_head ? 0 : g, k3_wslot_name(s), k3_dtype_name(v.dtype));
+            if (v.ndim != 2 || v.shape[0] != rows || v.shape[1] != cols)
+                return k3_err_set(e, K3_EFORMAT,
+                                  "%s %u: tensor %s has shape %llu elements in %u dims (first %llu), expected [%llu, %llu]",
+                                  where, is_head ? 0 : g, k3_wslot_name(s), (unsigned long long)n, v.ndim,
+                                  (unsigned long long)(v.ndim ? v.shape[0] : 0), (unsigned long long)rows,
+                                  (unsigned long long)cols);
+        } else {
+            if (v.dtype != K3_DT_BF16 && v.dtype != K3_DT_F32)
+                return k3_err_set(e, K3_EFORMAT, "%s %u: tensor %s has dtype %s, expected BF16 or F32",
+                                  where, is_head ? 0 : g, k3_wslot_name(s), k3_dtype_name(v.dtype));
+            int ok = s == K3_W_KDA_ALOG ? n >= rows : n == rows;
+            if (!ok)
+                return k3_err_set(e, K3_EFORMAT, "%s %u: tensor %s has %llu elements, expected %s%llu",
+                                  where, is_head ? 0 : g, k3_wslot_name(s), (unsigned long long)n,
+                                  s == K3_W_KDA_ALOG ? "at least " : "", (unsigned long long)rows);
+            need += n;
+        }
+    }
+    if (need > *smalls_need)
+        *smalls_need = need;
+    return 0;
+}
+
+/* Widen the group's vectors to f32 and fold the AttnRes queries. */
+static void load_smalls(k3_model *m, const k3_view *v)
+{
+    float *p = m->smalls;
+    for (int si = 0; si < K3_W_COUNT; si++) {
+        m->vf[si] = NULL;
+        if (!is_vector_slot((k3_wslot)si) || !v[si].data)
+            continue;
+        uint64_t n = k3_view_numel(&v[si]);
+        if (v[si].dtype == K3_DT_F32)
+            memcpy(p, v[si].data, n * sizeof(float));
+        else
+            k3_bf16_to_f32_n((const uint16_t *)v[si].data, p, n);
+        m->vf[si] = p;
+        p += n;
+    }
+    uint32_t E = m->d.E;
+    if (m->vf[K3_W_SA_RES_NORM] && m->vf[K3_W_SA_RES_PROJ])
+        for (uint32_t i = 0; i < E; i++)
+            m->f_sa[i] = m->vf[K3_W_SA_RES_NORM][i] * m->vf[K3_W_SA_RES_PROJ][i];
+    if (m->vf[K3_W_MLP_RES_NORM] && m->vf[K3_W_MLP_RES_PROJ])
+        for (uint32_t i = 0; i < E; i++)
+            m->f_mlp[i] = m->vf[K3_W_MLP_RES_NORM][i] * m->vf[K3_W_MLP_RES_PROJ][i];
+    if (m->vf[K3_W_OUT_RES_NORM] && m->vf[K3_W_OUT_RES_PROJ])
+        for (uint32_t i = 0; i < E; i++)
+            m->f_out[i] = m->vf[K3_W_OUT_RES_NORM][i] * m->vf[K3_W_OUT_RES_PROJ][i];
+}
+
+/* ------------------------------------------------------------------ open */
+
+static float *falloc(uint64_t n, int *bad)
+{
+    if (n == 0)
+        n = 1;
+    if (n > (UINT64_MAX / sizeof(float)) / 2) {
+        *bad = 1;
+        return NULL;
+    }
+    float *p = calloc(n, sizeof(float));
+    if (!p)
+        *bad = 1;
+    return p;
+}
+
+static uint32_t *ualloc(uint64_t n, int *bad)
+{
+    uint32_t *p = calloc(n ? n : 1, sizeof(uint32_t));
+    if (!p)
+        *bad = 1;
+    return p;
+}
+
+int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *e)
+{
+    *out = NULL;
+    k3_kern_init();
+    k3_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return k3_err_set(e, K3_ENOMEM, "out of memory opening the model");
+    m->ws = ws;
+    m->cfg = *k3_ws_cfg(ws);
+    const k3_cfg *c = &m->cfg;
+    k3_dims *d = &m->d;
+    d->E = c->hidden_size; d->V = c->vocab_size; d->NL = c->num_hidden_layers;
+    d->H = c->kda_num_heads; d->D = c->kda_head_dim; d->P = d->H * d->D;
+    d->CW = c->short_conv_kernel_size; d->MH = c->num_attention_heads;
+    d->NOPE = c->qk_nope_head_dim; d->ROPE = c->qk_rope_head_dim; d->VD = c->v_head_dim;
+    d->QK = d->NOPE + d->ROPE; d->QL = c->q_lora_rank; d->KVL = c->kv_lora_rank;
+    d->NE = c->num_experts; d->TOPK = c->num_experts_per_token; d->LAT = c->routed_expert_hidden_size;
+    d->I = c->moe_intermediate_size; d->NSH = c->num_shared_experts; d->IDN = c->intermediate_size;
+    d->B = c->attn_res_block_size ? c->attn_res_block_size : 1;
+    d->NB = (d->NL + d->B - 1) / d->B;
+    d->eps = (float)c->rms_norm_eps; d->lb = (float)c->gate_lower_bound;
+    d->b1 = (float)c->situ_beta; d->b2 = (float)c->situ_linear_beta;
+    d->rsf = (float)c->routed_scaling_factor;
+    d->mla_gate = c->mla_use_output_gate; d->renorm = c->moe_renormalize; d->moe_norm = c->latent_moe_use_norm;
+    if (d->CW < 1 || d->E == 0 || d->V == 0 || d->NL == 0 || d->TOPK == 0 || d->TOPK > d->NE ||
+        d->NL > K3_CFG_MAX_LAYERS || d->D > 4096 || d->D == 0) {
+        int rc = k3_err_set(e, K3_EFORMAT,
+                            "config: unusable dimensions (layers %u, width %u, KDA head dim %u, top-k %u of %u)",
+                            d->NL, d->E, d->D, d->TOPK, d->NE);
+        free(m);
+        return rc;
+    }
+    m->max_chunk = opts && opts->max_chunk ? opts->max_chunk : 64;
+    m->nthreads = omp_get_max_threads();
+    m->layer_slot = calloc(d->NL, sizeof(uint32_t));
+    m->layer_s = calloc(d->NL, sizeof(double));
+    if (!m->layer_slot || !m->layer_s) {
+        free(m->layer_slot);
+        free(m->layer_s);
+        free(m);
+        return k3_err_set(e, K3_ENOMEM, "out of memory opening the model");
+    }
+    for (uint32_t L = 0; L < d->NL; L++)
+        m->layer_slot[L] = k3_cfg_layer_is_mla(c, L) ? d->n_mla++ : d->n_kda++;
+
+    uint64_t smalls = 0;
+    int rc = 0;
+    for (uint32_t L = 0; L < d->NL && rc == 0; L++)
+        rc = check_group(m, L, 0, k3_cfg_layer_is_mla(c, L), k3_cfg_layer_is_dense(c, L), &smalls, e);
+    if (rc == 0)
+        rc = check_group(m, K3_WS_HEAD(c), 1, 0, 0, &smalls, e);
+    if (rc < 0) {
+        k3_model_close(m);
+        return rc;
+    }
+    m->expert_batch = k3_ws_expert_batch_max(ws);
+    if (m->expert_batch == 0 || m->expert_batch > d->NE)
+        m->expert_batch = d->NE;
+
+    uint64_t T = m->max_chunk, E = d->E, P = d->P;
+    int bad = 0;
+    m->smalls_cap = smalls;
+    m->smalls = falloc(smalls, &bad);
+    m->f_sa = falloc(E, &bad); m->f_mlp = falloc(E, &bad); m->f_out = falloc(E, &bad);
+    m->h = falloc(T * E, &bad); m->prefix = falloc(T * E, &bad); m->stack = falloc((uint64_t)d->NB * T * E, &bad);
+    m->xn = falloc(T * E, &bad); m->attn = falloc(T * E, &bad); m->mlp = falloc(T * E, &bad);
+    m->head_x = falloc(T * E, &bad);
+    if (d->n_kda) {
+        m->kq = falloc(T * P, &bad); m->kk = falloc(T * P, &bad); m->kv = falloc(T * P, &bad);
+        m->kg = falloc(T * P, &bad); m->kb = falloc(T * d->H, &bad); m->kfa = falloc(T * d->D, &bad);
+        m->kz = falloc(T * P, &bad); m->kcq = falloc(T * P, &bad); m->kck = falloc(T * P, &bad);
+        m->kcv = falloc(T * P, &bad); m->ko = falloc(T * P, &bad);
+    }
+    if (d->n_mla) {
+        uint64_t MH = d->MH;
+        m->mqa = falloc(T * d->QL, &bad); m->mq = falloc(T * MH * d->QK, &bad);
+        m->mc = falloc(T * (d->KVL + d->ROPE), &bad); m->mqlat = falloc(T * MH * d->KVL, &bad);
+        m->molat = falloc(MH * T * d->KVL, &bad); m->mov = falloc(MH * T * d->VD, &bad);
+        m->mo = falloc(T * MH * d->VD, &bad); m->mg = falloc(T * MH * d->VD, &bad);
+    }
+    uint64_t inner = d->IDN;
+    if ((uint64_t)d->I * d->NSH > inner)
+        inner = (uint64_t)d->I * d->NSH;
+    m->dg = falloc(T * inner, &bad); m->du = falloc(T * inner, &bad);
+    int has_moe = d->NL > c->first_k_dense_replace;
+    if (has_moe) {
+        uint64_t TK = T * d->TOPK;
+        m->rs = falloc(T * d->NE, &bad); m->rw = falloc(TK, &bad); m->rsel = ualloc(TK, &bad);
+        m->mz = falloc(T * d->LAT, &bad); m->mx = falloc(T * d->LAT, &bad);
+        m->m1 = falloc(T * d->I, &bad); m->m3 = falloc(T * d->I, &bad); m->my = falloc(T * d->LAT, &bad);
+        m->mout = falloc(TK * d->LAT, &bad); m->macc = falloc(T * d->LAT, &bad); m->mup = falloc(T * E, &bad);
+        m->eids = ualloc(d->NE, &bad); m->ecount = ualloc(d->NE, &bad);
+        m->etok = ualloc(TK, &bad); m->eslot = ualloc(TK, &bad);
+        m->eviews = calloc(m->expert_batch, sizeof(k3_expert_view));
+        if (!m->eviews)
+            bad = 1;
+    }
+    if (bad) {
+        k3_model_close(m);
+        return k3_err_set(e, K3_ENOMEM, "out of memory sizing the scratch for chunks of %llu tokens",
+                          (unsigned long long)T);
+    }
+    *out = m;
+    return 0;
+}
+
+void k3_model_close(k3_model *m)
+{
+    if (!m)
+        return;
+    float *fs[] = {m->smalls, m->f_sa, m->f_mlp, m->f_out, m->h, m->prefix, m->stack, m->xn, m->attn,
+                   m->mlp, m->head_x, m->kq, m->kk, m->kv, m->kg, m->kb, m->kfa, m->kz, m->kcq, m->kck,
+                   m->kcv, m->ko, m->mqa, m->mq, m->mc, m->mqlat, m->molat, m->mov, m->mo, m->mg,
+                   m->dg, m->du, m->rs, m->rw, m->mz, m->mx, m->m1, m->m3, m->my, m->mout, m->macc, m->mup};
+    for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++)
+        free(fs[i]);
+    free(m->rsel); free(m->eids); free(m->ecount); free(m->etok); free(m->eslot); free(m->eviews);
+    free(m->layer_slot);
+    free(m->layer_s);
+    free(m);
+}
+
+const k3_cfg *k3_model_cfg(const k3_model *m) { return &m->cfg; }
+uint32_t k3_model_max_chunk(const k3_model *m) { return m->max_chunk; }
+
+void k3_model_times_get(const k3_model *m, k3_model_times *t) { *t = m->times; }
+
+void k3_model_layer_times(const k3_model *m, double *out)
+{
+    memcpy(out, m->layer_s, m->d.NL * sizeof(double));
+}
+
+void k3_model_times_reset(k3_model *m)
+{
+    memset(&m->times, 0, sizeof m->times);
+    memset(m->layer_s, 0, m->d.NL * sizeof(double));
+}
+
+/* --------------------------------------------------------------- session */
+
+int k3_sess_create(k3_sess **out, const k3_model *m, uint32_t max_ctx, k3_err *e)
+{
+    *out = NULL;
+    const k3_dims *d = &m->d;
+    if (max_ctx == 0)
+        return k3_err_set(e, K3_EARG, "context length must be at least 1");
+    k3_sess *s = calloc(1, sizeof *s);
+    if (!s)
+        return k3_err_set(e, K3_ENOMEM, "out of memory creating a session");
+    s->m = m;
+    s->max_ctx = max_ctx;
+    int bad = 0;
+    s->kda_state = falloc((uint64_t)d->n_kda * d->H * d->D * d->D, &bad);
+    s->conv_hist = falloc((uint64_t)d->n_kda * 3 * (d->CW - 1) * d->P, &bad);
+    s->mla_cache = falloc((uint64_t)d->n_mla * max_ctx * (d->KVL + d->ROPE), &bad);
+    s->scores = falloc((uint64_t)m->nthreads * max_ctx, &bad);
+    if (bad) {
+        k3_sess_free(s);
+        return k3_err_set(e, K3_ENOMEM, "out of memory for a session of %u tokens", max_ctx);
+    }
+    *out = s;
+    return 0;
+}
+
+void k3_sess_free(k3_sess *s)
+{
+    if (!s)
+        return;
+    free(s->kda_state);
+    free(s->conv_hist);
+    free(s->mla_cache);
+    free(s->scores);
+    free(s);
+}
+
+void k3_sess_reset(k3_sess *s)
+{
+    const k3_dims *d = &s->m->d;
+    memset(s->kda_state, 0, (uint64_t)d->n_kda * d->H * d->D * d->D * sizeof(float));
+    memset(s->conv_hist, 0, (uint64_t)d->n_kda * 3 * (d->CW - 1) * d->P * sizeof(float));
+    /* the MLA cache needs no clearing: positions >= pos are never read */
+    s->pos = 0;
+}
+
+uint32_t k3_sess_pos(const k3_sess *s) { return s->pos; }
+uint32_t k3_sess_max_ctx(const k3_sess *s) { return s->max_ctx; }
+
+/* --------------------------------------------------------------- forward */
+
+/* out[t] = AttnRes over (stack[0..ns) row first+t, last[t]) with query f, for
+ * T tokens. */
+static void attn_res(const k3_model *m, uint32_t ns, uint32_t first, const float *last, const float *f,
+                     uint32_t T, float *out)
+{
+    const uint32_t E = m->d.E;
+    const float eps = m->d.eps;
+    const uint64_t stride = (uint64_t)m->max_chunk * E;
+#pragma omp parallel for schedule(static) if ((uint64_t)T * E * (ns + 1) > K3_PAR_MIN)
+    for (uint32_t t = 0; t < T; t++) {
+        float sc[K3_CFG_MAX_LAYERS + 1];
+        const float *src[K3_CFG_MAX_LAYERS + 1];
+        uint32_t n = ns + 1;
+        for (uint32_t i = 0; i < ns; i++)
+            src[i] = m->stack + i * stride + (uint64_t)(first + t) * E;
+        src[ns] = last + (uint64_t)t * E;
+        float mx = -INFINITY;
+        for (uint32_t i = 0; i < n; i++) {
+            double dot = 0.0, ss = 0.0;
+            for (uint32_t c = 0; c < E; c++) {
+                dot += (double)src[i][c] * (double)f[c];
+                ss += (double)src[i][c] * (double)src[i][c];
+            }
+            sc[i] = (float)(dot / sqrt(ss / (double)E + (double)eps));
+            if (sc[i] > mx)
+                mx = sc[i];
+        }
+        double sum = 0.0;
+        for (uint32_t i = 0; i < n; i++) {
+            sc[i] = expf(sc[i] - mx);
+            sum += sc[i];
+        }
+        for (uint32_t i = 0; i < n; i++)
+            sc[i] = (float)(sc[i] / sum);
+        float *o = out + (uint64_t)t * E;
+        for (uint32_t c = 0; c < E; c++) {
+            float acc = 0.0f;
+            for (uint32_t i = 0; i < n; i++)
+                acc += sc[i] * src[i][c];
+            o[c] = acc;
+        }
+    }
+}
+
+static void vadd(float *a, const float *b, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        a[i] += b[i];
+}
+
+static int forward_chunk(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t T, int which, float *logits,
+                         k3_err *e)
+{
+    const k3_dims *d = &m->d;
+    const uint64_t TE = (uint64_t)T * d->E, stride = (uint64_t)m->max_chunk * d->E;
+    double t0 = omp_get_wtime();
+    int rc = k3_ws_embed(m->ws, ids, T, m->h, e);
+    if (rc < 0)
+        return rc;
+    double t1 = omp_get_wtime();
+    m->times.embed += t1 - t0;
+    uint32_t ns = 0;
+    for (uint32_t L = 0; L < d->NL; L++) {
+        const k3_view *v;
+        rc = k3_ws_acquire(m->ws, L, &v, e);
+        if (rc < 0)
+            return rc;
+        double tl0 = omp_get_wtime();
+        load_smalls(m, v);
+        memcpy(m->prefix, m->h, TE * sizeof(float));
+        if (ns)
+            attn_res(m, ns, 0, m->prefix, m->f_sa, T, m->h);
+        int prefix_none = 0;
+        if (L % d->B == 0) {
+            memcpy(m->stack + ns * stride, m->prefix, TE * sizeof(float));
+            ns++;
+            prefix_none = 1;
+        }
+        k3_model_rmsnorm(m->h, m->vf[K3_W_INPUT_NORM], d->E, T, d->eps, m->xn);
+        t0 = omp_get_wtime();
+        int mla = k3_cfg_layer_is_mla(&m->cfg, L);
+        rc = mla ? k3_mla_forward(m, s, L, v, T, e) : k3_kda_forward(m, s, L, v, T, e);
+        if (rc < 0) {
+            k3_ws_release(m->ws, L);
+            return rc;
+        }
+        t1 = omp_get_wtime();
+        if (mla)
+            m->times.attn_mla += t1 - t0;
+        else
+            m->times.attn_kda += t1 - t0;
+        if (prefix_none)
+            memcpy(m->prefix, m->attn, TE * sizeof(float));
+        else
+            vadd(m->prefix, m->attn, TE);
+        attn_res(m, ns, 0, m->prefix, m->f_mlp, T, m->h);
+        k3_model_rmsnorm(m->h, m->vf[K3_W_POST_NORM], d->E, T, d->eps, m->xn);
+        int dense = k3_cfg_layer_is_dense(&m->cfg, L);
+        t0 = omp_get_wtime();
+        rc = dense ? k3_mlp_dense_forward(m, v, T, e) : k3_moe_forward(m, L, v, T, e);
+        t1 = omp_get_wtime();
+        if (dense)
+            m->times.mlp_dense += t1 - t0;
+        else
+            m->times.moe += t1 - t0;
+        k3_ws_release(m->ws, L);
+        if (rc < 0)
+            return rc;
+        memcpy(m->h, m->prefix, TE * sizeof(float));
+        vadd(m->h, m->mlp, TE);
+        m->layer_s[L] += omp_get_wtime() - tl0;
+    }
+    s->pos += T;
+    if (!logits)
+        return 0;
+    t0 = omp_get_wtime();
+    uint32_t g = K3_WS_HEAD(&m->cfg);
+    const k3_view *v;
+    rc = k3_ws_acquire(m->ws, g, &v, e);
+    if (rc < 0)
+        return rc;
+    load_smalls(m, v);
+    /* Only the rows we need: the head is the largest matrix of the model. */
+    uint32_t first = which == K3_LOGITS_ALL ? 0 : T - 1, rows = T - first;
+    const float *hin = m->h + (uint64_t)first * d->E;
+    attn_res(m, ns, first, hin, m->f_out, rows, m->head_x);
+    k3_model_rmsnorm(m->head_x, m->vf[K3_W_FINAL_NORM], d->E, rows, d->eps, m->head_x);
+    k3_model_mm(&v[K3_W_LM_HEAD], m->head_x, rows, logits);
+    k3_ws_release(m->ws, g);
+    m->times.head += omp_get_wtime() - t0;
+    return 0;
+}
+
+int k3_model_forward(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t n, int logits_mode, float *logits,
+                     k3_err *e)
+{
+    const k3_dims *d = &m->d;
+    if (logits_mode != K3_LOGITS_NONE && !logits)
+        return k3_err_set(e, K3_EARG, "logits requested without a buffer");
+    if (n == 0)
+        return logits_mode == K3_LOGITS_LAST ? k3_err_set(e, K3_EARG, "no tokens to run") : 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] >= d->V)
+            return k3_err_set(e, K3_EARG, "token id %u at position %u is out of range (vocabulary %u)", ids[i],
+                              s->pos + i, d->V);
+    if ((uint64_t)s->pos + n > s->max_ctx)
+        return k3_err_set(e, K3_ELIMIT, "context full: %u + %u tokens exceed the session's %u", s->pos, n,
+                          s->max_ctx);
+    for (uint32_t off = 0; off < n;) {
+        uint32_t T = n - off < m->max_chunk ? n - off : m->max_chunk;
+        float *lg = NULL;
+        int which = K3_LOGITS_LAST;
+        if (logits_mode == K3_LOGITS_ALL) {
+            lg = logits + (uint64_t)off * d->V;
+            which = K3_LOGITS_ALL;
+        } else if (logits_mode == K3_LOGITS_LAST && off + T == n) {
+            lg = logits;
+        }
+        int rc = forward_chunk(m, s, ids + off, T, which, lg, e);
+        if (rc < 0)
+            return rc;
+        off += T;
+    }
+    return 0;
+}

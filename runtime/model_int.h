@@ -1,0 +1,93 @@
+/*
+ * model_int.h - private structures of the forward pass shared by model.c,
+ * kda.c, mla.c and moe.c. Nothing here is API.
+ *
+ * Invariants: every scratch buffer is sized at k3_model_open for max_chunk
+ * tokens; per-session buffers (state, caches, attention scores) at
+ * k3_sess_create for max_ctx positions. Nothing is allocated per token.
+ */
+#ifndef K3_MODEL_INT_H
+#define K3_MODEL_INT_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "k3_model.h"
+#include "k3_ws.h"
+
+typedef struct k3_dims {
+    uint32_t E, V, NL, H, D, P, CW, MH, NOPE, ROPE, VD, QK, QL, KVL;
+    uint32_t NE, TOPK, LAT, I, NSH, IDN, B, NB;
+    uint32_t n_kda, n_mla;
+    float eps, lb, b1, b2, rsf;
+    int mla_gate, renorm, moe_norm;
+} k3_dims;
+
+struct k3_model {
+    k3_ws *ws;
+    k3_cfg cfg;
+    k3_dims d;
+    uint32_t max_chunk;
+    int nthreads;
+    uint32_t *layer_slot;     /* per layer: index among KDA layers or among MLA layers */
+    uint32_t expert_batch;    /* experts per k3_ws_experts_acquire */
+    /* the current group's vectors widened to f32 (NULL if absent) */
+    float *vf[K3_W_COUNT];
+    float *smalls;            /* storage for vf, sized for the largest group */
+    uint64_t smalls_cap;
+    float *f_sa, *f_mlp, *f_out;  /* folded AttnRes query norm_w * proj_w, [E] */
+    /* trunk scratch, T = max_chunk */
+    float *h, *prefix, *stack, *xn, *attn, *mlp, *head_x;
+    /* KDA */
+    float *kq, *kk, *kv, *kg, *kb, *kfa, *kz, *kcq, *kck, *kcv, *ko;
+    /* MLA */
+    float *mqa, *mq, *mc, *mqlat, *molat, *mov, *mo, *mg;
+    /* dense MLP and shared experts */
+    float *dg, *du;
+    /* MoE */
+    float *rs, *rw, *mz, *mx, *m1, *m3, *my, *mout, *macc, *mup;
+    uint32_t *rsel, *eids, *etok, *eslot, *ecount;
+    k3_expert_view *eviews;
+    k3_model_times times;
+    double *layer_s;          /* per layer compute seconds */
+};
+
+struct k3_sess {
+    const k3_model *m;
+    uint32_t pos, max_ctx;
+    float *kda_state;   /* n_kda x H x D x D, rows = key channels */
+    float *conv_hist;   /* n_kda x 3 x (CW-1) x P, oldest first; q, k, v */
+    float *mla_cache;   /* n_mla x max_ctx x (KVL + ROPE) */
+    float *scores;      /* nthreads x max_ctx */
+};
+
+/* Below this much work (multiply-adds) a loop is not worth waking threads
+ * for: on a busy machine a fork/join costs milliseconds. Never affects
+ * results (work is only ever split over independent outputs). */
+extern uint64_t k3_model_par_min;
+#define K3_PAR_MIN k3_model_par_min
+
+/* ---- helpers (model.c) ---- */
+static inline float k3_sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float k3_siluf(float x) { return x * k3_sigmoidf(x); }
+/* SiTU-GLU: [b1 tanh(g/b1) sigmoid(g)] [b2 tanh(u/b2)] */
+static inline float k3_situf(float g, float u, float b1, float b2)
+{
+    float gate = (b1 * tanhf(g / b1)) * k3_sigmoidf(g);
+    return gate * (b2 * tanhf(u / b2));
+}
+
+/* Y[T][rows] = X[T][cols] . W^T for a BF16 or F32 matrix view. */
+void k3_model_mm(const k3_view *W, const float *X, uint32_t T, float *Y);
+/* The same on a raw row range of a matrix (rows from row0). */
+void k3_model_mm_rows(const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T, float *Y);
+/* RMSNorm of T rows of n floats (y may equal x); w may be NULL (no weight). */
+void k3_model_rmsnorm(const float *x, const float *w, uint32_t n, uint32_t T, float eps, float *y);
+
+/* ---- layer parts ---- */
+int k3_kda_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e);
+int k3_mla_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e);
+int k3_mlp_dense_forward(k3_model *m, const k3_view *v, uint32_t T, k3_err *e);
+int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e);
+
+#endif

@@ -1,0 +1,159 @@
+/*
+ * moe.c - the MLP half of a layer: the dense SiTU-GLU MLP and the LatentMoE
+ * (SPEC §1.4) over a chunk of tokens.
+ *
+ * Routing: independent sigmoids; top-k by (score + correction bias), the bias
+ * only selects, ties go to the lower expert index; weights are the raw
+ * scores, renormalised by their float sum in top-k order (+1e-20), then
+ * scaled by routed_scaling_factor.
+ * Experts: the chunk's tokens are grouped by expert (experts ascending,
+ * tokens ascending within an expert) so each expert record is requested once
+ * per chunk, in batches of k3_ws_expert_batch_max; every expert runs its rows
+ * straight from MXFP4 with k3_gemm_mx. The aggregate of a token is summed in
+ * its top-k order, so the grouping never changes a number.
+ */
+#include <string.h>
+
+#include "k3_kern.h"
+#include "model_int.h"
+
+static void situ_rows(float *g, const float *u, uint64_t n, float b1, float b2)
+{
+#pragma omp parallel for schedule(static) if (n > K3_PAR_MIN)
+    for (uint64_t i = 0; i < n; i++)
+        g[i] = k3_situf(g[i], u[i], b1, b2);
+}
+
+int k3_mlp_dense_forward(k3_model *m, const k3_view *v, uint32_t T, k3_err *e)
+{
+    const k3_dims *d = &m->d;
+    (void)e;
+    k3_model_mm(&v[K3_W_MLP_GATE], m->xn, T, m->dg);
+    k3_model_mm(&v[K3_W_MLP_UP], m->xn, T, m->du);
+    situ_rows(m->dg, m->du, (uint64_t)T * d->IDN, d->b1, d->b2);
+    k3_model_mm(&v[K3_W_MLP_DOWN], m->dg, T, m->mlp);
+    return 0;
+}
+
+/* Top-k of key = score + bias for one token; ties to the lower index. */
+static void route_token(const float *score, const float *bias, uint32_t NE, uint32_t K, uint32_t *sel)
+{
+    for (uint32_t j = 0; j < K; j++) {
+        uint32_t best = UINT32_MAX;
+        float bk = 0.0f;
+        for (uint32_t x = 0; x < NE; x++) {
+            int taken = 0;
+            for (uint32_t i = 0; i < j; i++)
+                if (sel[i] == x) {
+                    taken = 1;
+                    break;
+                }
+            if (taken)
+                continue;
+            float key = score[x] + (bias ? bias[x] : 0.0f);
+            if (key != key)
+                key = -INFINITY;   /* a NaN never wins over a number */
+            if (best == UINT32_MAX || key > bk) {
+                best = x;
+                bk = key;
+            }
+        }
+        sel[j] = best;
+    }
+}
+
+int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e)
+{
+    const k3_dims *d = &m->d;
+    const uint32_t NE = d->NE, K = d->TOPK, LAT = d->LAT, I = d->I;
+
+    /* routing */
+    k3_model_mm(&v[K3_W_MOE_ROUTER], m->xn, T, m->rs);
+    const float *bias = m->vf[K3_W_MOE_BIAS];
+#pragma omp parallel for schedule(static) if ((uint64_t)T * NE * K > K3_PAR_MIN)
+    for (uint32_t t = 0; t < T; t++) {
+        float *sc = m->rs + (uint64_t)t * NE;
+        for (uint32_t x = 0; x < NE; x++)
+            sc[x] = k3_sigmoidf(sc[x]);
+        uint32_t *sel = m->rsel + (uint64_t)t * K;
+        float *w = m->rw + (uint64_t)t * K;
+        route_token(sc, bias, NE, K, sel);
+        float sum = 0.0f;
+        for (uint32_t j = 0; j < K; j++) {
+            w[j] = sc[sel[j]];
+            sum += w[j];
+        }
+        if (d->renorm)
+            for (uint32_t j = 0; j < K; j++)
+                w[j] /= sum + 1e-20f;
+        for (uint32_t j = 0; j < K; j++)
+            w[j] *= d->rsf;
+    }
+
+    /* experts live in the latent */
+    k3_model_mm(&v[K3_W_MOE_LDOWN], m->xn, T, m->mz);
+    memset(m->ecount, 0, NE * sizeof(uint32_t));
+    for (uint64_t i = 0; i < (uint64_t)T * K; i++)
+        m->ecount[m->rsel[i]]++;
+    uint32_t nused = 0;
+    for (uint32_t x = 0; x < NE; x++)
+        if (m->ecount[x])
+            m->eids[nused++] = x;
+
+    for (uint32_t b0 = 0; b0 < nused; b0 += m->expert_batch) {
+        uint32_t nb = nused - b0 < m->expert_batch ? nused - b0 : m->expert_batch;
+        int rc = k3_ws_experts_acquire(m->ws, layer, m->eids + b0, nb, m->eviews, e);
+        if (rc < 0)
+            return rc;
+        for (uint32_t bi = 0; bi < nb; bi++) {
+            const uint32_t x = m->eids[b0 + bi];
+            const k3_expert_view *ev = &m->eviews[bi];
+            uint32_t n = 0;
+            for (uint32_t t = 0; t < T; t++)
+                for (uint32_t j = 0; j < K; j++)
+                    if (m->rsel[(uint64_t)t * K + j] == x) {
+                        memcpy(m->mx + (uint64_t)n * LAT, m->mz + (uint64_t)t * LAT, LAT * sizeof(float));
+                        m->eslot[n++] = t * K + j;
+                    }
+            k3_gemm_mx(ev->packed[0], ev->scales[0], I, LAT, m->mx, n, m->m1);
+            k3_gemm_mx(ev->packed[1], ev->scales[1], I, LAT, m->mx, n, m->m3);
+            situ_rows(m->m1, m->m3, (uint64_t)n * I, d->b1, d->b2);
+            k3_gemm_mx(ev->packed[2], ev->scales[2], LAT, I, m->m1, n, m->my);
+            for (uint32_t k = 0; k < n; k++)
+                memcpy(m->mout + (uint64_t)m->eslot[k] * LAT, m->my + (uint64_t)k * LAT, LAT * sizeof(float));
+        }
+        k3_ws_experts_release(m->ws, layer);
+    }
+
+    /* aggregate in top-k order, norm, back up to the model width */
+#pragma omp parallel for schedule(static) if ((uint64_t)T * K * LAT > K3_PAR_MIN)
+    for (uint32_t t = 0; t < T; t++) {
+        float *acc = m->macc + (uint64_t)t * LAT;
+        const float *w = m->rw + (uint64_t)t * K;
+        for (uint32_t c = 0; c < LAT; c++)
+            acc[c] = 0.0f;
+        for (uint32_t j = 0; j < K; j++) {
+            const float *y = m->mout + ((uint64_t)t * K + j) * LAT;
+            for (uint32_t c = 0; c < LAT; c++)
+                acc[c] += w[j] * y[c];
+        }
+    }
+    if (d->moe_norm)
+        k3_model_rmsnorm(m->macc, m->vf[K3_W_MOE_NORM], LAT, T, d->eps, m->macc);
+    k3_model_mm(&v[K3_W_MOE_LUP], m->macc, T, m->mup);
+
+    /* shared experts: one unweighted MLP on the layer input */
+    const uint64_t TE = (uint64_t)T * d->E;
+    if (d->NSH) {
+        const uint64_t IS = (uint64_t)I * d->NSH;
+        k3_model_mm(&v[K3_W_MOE_SH_GATE], m->xn, T, m->dg);
+        k3_model_mm(&v[K3_W_MOE_SH_UP], m->xn, T, m->du);
+        situ_rows(m->dg, m->du, (uint64_t)T * IS, d->b1, d->b2);
+        k3_model_mm(&v[K3_W_MOE_SH_DOWN], m->dg, T, m->mlp);
+        for (uint64_t i = 0; i < TE; i++)
+            m->mlp[i] = m->mup[i] + m->mlp[i];
+    } else {
+        memcpy(m->mlp, m->mup, TE * sizeof(float));
+    }
+    return 0;
+}

@@ -1,0 +1,137 @@
+/*
+ * synth.h - k3-synth internals: model presets, the tensor list of an upstream
+ * checkpoint (SPEC §2), the counter-based weight generator, the small BPE
+ * vocabulary, and the checkpoint writer that ties them together.
+ *
+ * Invariants: everything written is a pure function of the options (seed,
+ * preset, sizes, forms); any byte of any tensor can be produced on its own
+ * (counter-based generator), so shards are generated in parallel, in
+ * constant memory, and two runs with the same options are byte-identical.
+ */
+#ifndef K3_SYNTH_H
+#define K3_SYNTH_H
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "k3_err.h"
+#include "k3_progress.h"
+#include "k3_st.h"
+
+#define K3_SYNTH_MAX_LAYERS 1024
+
+/* Vector dtype policy. */
+enum { K3_SYNTH_VEC_REAL = 0, K3_SYNTH_VEC_BF16, K3_SYNTH_VEC_F32, K3_SYNTH_VEC_MIXED };
+
+/* The model shape and the writing options. */
+typedef struct k3_synth_model {
+    char preset[16];
+    uint32_t hidden, layers, vocab;
+    uint32_t kda_heads, kda_head_dim, conv;
+    double gate_lower_bound;
+    uint32_t mla_heads, q_lora, kv_lora, nope, rope, v_dim;
+    uint32_t experts, top_k, shared, latent, moe_inter;
+    uint32_t first_dense, dense_inter, attn_res_block;
+    double situ_beta, situ_linear_beta, rms_eps, routed_scaling;
+    uint8_t is_mla[K3_SYNTH_MAX_LAYERS];
+    /* tokenizer */
+    uint32_t n_specials;       /* specials after the ranks */
+    uint32_t max_ranks;        /* cap on BPE ranks (256 + merges) */
+} k3_synth_model;
+
+typedef struct k3_synth_opts {
+    k3_synth_model m;
+    uint64_t seed;
+    int experts_bf16;          /* experts as BF16 .weight instead of MXFP4 */
+    int vec_dtype;             /* K3_SYNTH_VEC_* */
+    int alog_padded;           /* A_log [D] instead of [H] */
+    int nested;                /* nested config.json */
+    int sparse;                /* only routers, vectors and embeddings carry data */
+    int write_index, write_tokenizer;
+    uint64_t shard_size;       /* maximum shard file size */
+    int force, quiet, direct;
+    int threads;               /* 0: default */
+    uint64_t chunk_bytes;      /* 0: default */
+} k3_synth_opts;
+
+/* Fill m with a preset ("tiny", "k3-width", "k3"); layers/vocab 0 = preset
+ * default. Also sets the option defaults that depend on the preset. */
+int k3_synth_preset(k3_synth_opts *o, const char *name, uint32_t layers, uint32_t vocab, k3_err *e);
+
+/* ---- tensor list ---------------------------------------------------------- */
+
+/* Tensor kinds, in the order they are laid out within a layer. */
+enum k3_synth_kind {
+    SK_EMBED, SK_NORM, SK_OUT_RES_NORM, SK_OUT_RES_PROJ, SK_LM_HEAD,
+    SK_IN_NORM, SK_POST_NORM, SK_SA_RES_NORM, SK_SA_RES_PROJ, SK_MLP_RES_NORM, SK_MLP_RES_PROJ,
+    SK_KDA_Q, SK_KDA_K, SK_KDA_V, SK_KDA_QCONV, SK_KDA_KCONV, SK_KDA_VCONV,
+    SK_KDA_FA, SK_KDA_FB, SK_KDA_B, SK_KDA_ALOG, SK_KDA_DTBIAS, SK_KDA_G, SK_KDA_ONORM, SK_KDA_O,
+    SK_MLA_QA, SK_MLA_QA_NORM, SK_MLA_QB, SK_MLA_KVA, SK_MLA_KVA_NORM, SK_MLA_KVB, SK_MLA_G, SK_MLA_O,
+    SK_MLP_GATE, SK_MLP_UP, SK_MLP_DOWN,
+    SK_MOE_GATE, SK_MOE_BIAS, SK_MOE_LDOWN, SK_MOE_LUP, SK_MOE_LNORM,
+    SK_SH_GATE, SK_SH_UP, SK_SH_DOWN,
+    SK_EXP_W1_P, SK_EXP_W1_S, SK_EXP_W2_P, SK_EXP_W2_S, SK_EXP_W3_P, SK_EXP_W3_S,
+    SK_EXP_W1, SK_EXP_W2, SK_EXP_W3,
+    SK_COUNT
+};
+
+typedef struct k3_synth_tensor {
+    uint64_t key;       /* generator key: hash of (seed, name) */
+    uint32_t layer;     /* UINT32_MAX for model-level tensors */
+    uint32_t expert;
+    uint16_t kind;
+    uint8_t dtype;      /* k3_dtype */
+    uint8_t ndim;
+    uint32_t shard;
+    uint64_t shape[3];
+    uint64_t bytes;
+} k3_synth_tensor;
+
+/* The whole tensor list in file order (heap; caller frees *t). */
+int k3_synth_tensors(const k3_synth_opts *o, k3_synth_tensor **t, uint64_t *count, k3_err *e);
+/* Full tensor name into buf; returns its length (or what it would be). */
+int k3_synth_tensor_name(const k3_synth_tensor *t, char *buf, size_t cap);
+/* Whether a kind carries data in a --sparse checkpoint. */
+int k3_synth_kind_has_data_when_sparse(int kind);
+
+/* ---- generator ------------------------------------------------------------ */
+
+/* The counter-based generator: word j of tensor stream `key` is
+ * k3_synth_mix(key + (j+1) * 0x9E3779B97F4A7C15), a splitmix64 finalizer. */
+uint64_t k3_synth_mix(uint64_t x);
+/* FNV-1a of the name, mixed with the seed. */
+uint64_t k3_synth_key(uint64_t seed, const char *name);
+
+/* Fill bytes [off, off+n) of tensor t (see k3_stw_fill_fn). Returns 0 or
+ * K3_STW_ZERO (sparse and not a data kind). */
+int k3_synth_fill(const k3_synth_opts *o, const k3_synth_tensor *t, uint64_t off, uint64_t n, void *buf);
+
+/* ---- tokenizer ------------------------------------------------------------ */
+
+/* Learn a byte-level BPE vocabulary on the built-in text: at most max_ranks
+ * ranks (>= 256). *tokens is a heap array of *count heap byte strings with
+ * lengths in *lens; free with k3_synth_bpe_free. Deterministic. */
+int k3_synth_bpe_learn(uint32_t max_ranks, unsigned char ***tokens, uint32_t **lens, uint32_t *count,
+                       k3_err *e);
+void k3_synth_bpe_free(unsigned char **tokens, uint32_t *lens, uint32_t count);
+/* Name of special token k (0-based) */
+void k3_synth_special_name(uint32_t k, char *buf, size_t cap);
+
+/* ---- the checkpoint ------------------------------------------------------- */
+
+/* Summary of what was written. */
+typedef struct k3_synth_result {
+    uint64_t tensors, shards, logical_bytes, written_bytes, ranks, vocab;
+    double seconds;
+} k3_synth_result;
+
+/* Write the checkpoint directory dst (published atomically: built in
+ * "<dst>.tmp", renamed at the end). cancel may be NULL. */
+int k3_synth_write(const k3_synth_opts *o, const char *dst, volatile sig_atomic_t *cancel,
+                   k3_synth_result *r, k3_err *e);
+
+/* The config.json text (heap, caller frees). */
+char *k3_synth_config_json(const k3_synth_opts *o);
+
+#endif

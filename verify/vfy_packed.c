@@ -1,0 +1,323 @@
+/*
+ * vfy_packed.c - k3-verify of a packed model directory: the manifest (its
+ * own hash, schema, consistency), the directory listing against it (missing,
+ * extra), every file's size, experts.idx, provenance against --sums, and
+ * then either a sample of record CRCs (--quick) or every byte hashed with
+ * every unit and record CRC checked (full).
+ */
+#include <dirent.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "k3_io.h"
+#include "k3_man.h"
+#include "vfy.h"
+
+typedef struct pstate {
+    k3_man m;
+    int *size_ok;               /* per file */
+    k3_pk_record *recs;         /* NULL if experts.idx is unusable */
+} pstate;
+
+static void check_listing(k3_vfy *v, pstate *s)
+{
+    DIR *d = opendir(v->dir);
+    if (!d) {
+        k3_vfy_problem(v, NULL, "cannot list the directory");
+        return;
+    }
+    uint8_t *seen = calloc(s->m.nfiles ? s->m.nfiles : 1, 1);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *n = de->d_name;
+        if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, "manifest.json"))
+            continue;
+        uint32_t i;
+        for (i = 0; i < s->m.nfiles; i++)
+            if (!strcmp(s->m.files[i].name, n))
+                break;
+        if (i < s->m.nfiles) {
+            if (seen)
+                seen[i] = 1;
+            continue;
+        }
+        size_t l = strlen(n);
+        if (!strcmp(n, ".k3-convert-journal"))
+            k3_vfy_problem(v, n, "unexpected extra file: the journal of an unfinished k3-convert");
+        else if (l > 4 && !strcmp(n + l - 4, ".tmp"))
+            k3_vfy_problem(v, n, "unexpected extra file: a temporary of an unfinished write");
+        else
+            k3_vfy_problem(v, n, "unexpected extra file (not in the manifest)");
+    }
+    closedir(d);
+    for (uint32_t i = 0; i < s->m.nfiles; i++) {
+        const k3_pk_file *f = &s->m.files[i];
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", v->dir, f->name);
+        struct stat st;
+        if ((seen && !seen[i]) || stat(path, &st) != 0) {
+            k3_vfy_problem(v, f->name, "missing (%" PRIu64 " bytes expected)", f->size);
+            continue;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            k3_vfy_problem(v, f->name, "not a regular file");
+            continue;
+        }
+        uint64_t size = (uint64_t)st.st_size;
+        if (size < f->size)
+            k3_vfy_problem(v, f->name, "truncated at byte %" PRIu64 " of %" PRIu64, size, f->size);
+        else if (size > f->size)
+            k3_vfy_problem(v, f->name, "%" PRIu64 " bytes, the manifest says %" PRIu64 " (data past the end)", size,
+                           f->size);
+        else
+            s->size_ok[i] = 1;
+    }
+    free(seen);
+}
+
+static void check_index(k3_vfy *v, pstate *s)
+{
+    if (!s->m.has_experts)
+        return;
+    const k3_pk_file *f = &s->m.files[s->m.expert_index_file];
+    if (!s->size_ok[s->m.expert_index_file])
+        return;
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", v->dir, f->name);
+    char *buf;
+    uint64_t len;
+    k3_err e = {0};
+    if (k3_io_read_file(path, 1ull << 32, &buf, &len, &e)) {
+        k3_vfy_problem(v, f->name, "%s", e.msg);
+        return;
+    }
+    uint8_t sha[32];
+    unsigned int hl = 0;
+    EVP_Digest(buf, (size_t)len, sha, &hl, EVP_sha256(), NULL);
+    if (memcmp(sha, f->sha256, 32)) {
+        k3_vfy_problem(v, f->name, "SHA-256 mismatch: the record table is not the one the manifest names");
+        free(buf);
+        return;
+    }
+    uint64_t n = (uint64_t)k3_man_moe_layers(&s->m.cfg) * s->m.cfg.num_experts;
+    s->recs = calloc(n ? n : 1, sizeof *s->recs);
+    if (!s->recs || k3_man_idx_decode(&s->m, (const uint8_t *)buf, len, s->recs, path, &e)) {
+        k3_vfy_problem(v, f->name, "%s", s->recs ? e.msg : "out of memory");
+        free(s->recs);
+        s->recs = NULL;
+    }
+    free(buf);
+}
+
+static void check_provenance(k3_vfy *v, pstate *s)
+{
+    const k3_man *m = &s->m;
+    if (m->nsrc_shards == 0)
+        k3_vfy_problem(v, "manifest.json", "provenance: no upstream shard recorded");
+    for (uint32_t i = 0; i < m->nsrc_shards; i++) {
+        for (uint32_t j = 0; j < i; j++)
+            if (!strcmp(m->src_shards[i].name, m->src_shards[j].name))
+                k3_vfy_problem(v, "manifest.json", "provenance: shard %s recorded twice", m->src_shards[i].name);
+        if (!v->sums)
+            continue;
+        k3_vfy_sum *sum = k3_vfy_sums_find(v, m->src_shards[i].name);
+        if (!sum) {
+            k3_vfy_problem(v, "manifest.json", "provenance: shard %s is not in the sums file", m->src_shards[i].name);
+            continue;
+        }
+        sum->seen = 1;
+        if (memcmp(sum->sha256, m->src_shards[i].sha256, 32))
+            k3_vfy_problem(v, "manifest.json", "provenance: shard %s: converted from bytes whose SHA-256 differs "
+                           "from the sums file (another checkpoint, or a corrupted download)", m->src_shards[i].name);
+    }
+    /* tokenizer files are copied byte for byte: they must be what the source had */
+    for (uint32_t i = 0; i < m->nfiles; i++) {
+        if (m->files[i].kind != K3_PK_FILE_TOKENIZER)
+            continue;
+        uint32_t j;
+        for (j = 0; j < m->nsrc_files; j++)
+            if (!strcmp(m->src_files[j].name, m->files[i].name))
+                break;
+        if (j == m->nsrc_files)
+            k3_vfy_problem(v, "manifest.json", "provenance: tokenizer file %s has no source entry", m->files[i].name);
+        else if (m->src_files[j].size != m->files[i].size || memcmp(m->src_files[j].sha256, m->files[i].sha256, 32))
+            k3_vfy_problem(v, "manifest.json", "provenance: tokenizer file %s differs from the source's",
+                           m->files[i].name);
+    }
+    for (uint32_t i = 0; v->sums && i < v->nsums; i++) {
+        if (v->sums[i].seen)
+            continue;
+        int known = 0;
+        for (uint32_t j = 0; j < m->nsrc_files; j++)
+            known |= !strcmp(m->src_files[j].name, v->sums[i].name);
+        if (!known && strstr(v->sums[i].name, ".safetensors"))
+            k3_vfy_problem(v, "manifest.json", "provenance: shard %s of the sums file was not converted",
+                           v->sums[i].name);
+    }
+}
+
+static int region_cmp(const void *a, const void *b)
+{
+    const k3_vfy_region *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static void sample_records(k3_vfy *v, pstate *s)
+{
+    if (!s->recs)
+        return;
+    const k3_man *m = &s->m;
+    uint64_t n = (uint64_t)k3_man_moe_layers(&m->cfg) * m->cfg.num_experts;
+    uint64_t want = v->sample < n ? v->sample : n;
+    uint8_t *buf = k3_io_alloc_aligned(m->xl.stride, K3_PK_ALIGN);
+    if (!buf)
+        return;
+    for (uint64_t k = 0; k < want; k++) {
+        uint64_t i = want > 1 ? k * (n - 1) / (want - 1) : 0;  /* first, last and evenly between */
+        const k3_pk_record *r = &s->recs[i];
+        const k3_pk_file *f = &m->files[r->file];
+        if (!s->size_ok[r->file])
+            continue;
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", v->dir, f->name);
+        k3_err e = {0};
+        int fd = k3_io_open_read(path, 0, NULL, &e);
+        if (fd < 0 || k3_io_pread(fd, buf, m->xl.stride, r->offset, path, &e)) {
+            k3_vfy_problem(v, f->name, "%s", e.msg);
+            if (fd >= 0)
+                close(fd);
+            continue;
+        }
+        close(fd);
+        uint32_t c = (uint32_t)crc32(crc32(0L, Z_NULL, 0), buf, (uInt)m->xl.stride);
+        uint32_t layer = (uint32_t)(i / m->cfg.num_experts) + m->cfg.first_k_dense_replace;
+        if (c != r->crc32)
+            k3_vfy_problem(v, f->name, "record layer %u expert %u at offset %" PRIu64
+                           ": CRC32 mismatch (expected %08x, computed %08x)",
+                           layer, (uint32_t)(i % m->cfg.num_experts), r->offset, r->crc32, c);
+        v->crcs_checked++;
+    }
+    k3_io_free_aligned(buf);
+}
+
+static void full_hash(k3_vfy *v, pstate *s)
+{
+    const k3_man *m = &s->m;
+    k3_vfy_job *jobs = calloc(m->nfiles ? m->nfiles : 1, sizeof *jobs);
+    uint32_t *nreg = calloc(m->nfiles ? m->nfiles : 1, sizeof *nreg);
+    if (!jobs || !nreg) {
+        k3_vfy_problem(v, NULL, "not checked: out of memory");
+        free(jobs);
+        free(nreg);
+        return;
+    }
+    uint64_t nrec = s->recs ? (uint64_t)k3_man_moe_layers(&m->cfg) * m->cfg.num_experts : 0;
+    for (uint32_t u = 0; u < m->nunits; u++)
+        nreg[m->units[u].file]++;
+    for (uint64_t r = 0; r < nrec; r++)
+        nreg[s->recs[r].file]++;
+    uint32_t nj = 0;
+    int oom = 0;
+    uint32_t *job_of = calloc(m->nfiles ? m->nfiles : 1, sizeof *job_of);
+    for (uint32_t i = 0; job_of && i < m->nfiles; i++) {
+        if (!s->size_ok[i] || i == (s->m.has_experts ? s->m.expert_index_file : UINT32_MAX))
+            continue; /* experts.idx was hashed already */
+        k3_vfy_job *j = &jobs[nj];
+        job_of[i] = nj + 1;
+        snprintf(j->name, sizeof j->name, "%s", m->files[i].name);
+        snprintf(j->path, sizeof j->path, "%s/%s", v->dir, m->files[i].name);
+        j->size = m->files[i].size;
+        j->has_want = 1;
+        memcpy(j->want, m->files[i].sha256, 32);
+        j->want_from = "the manifest";
+        if (nreg[i] && !(j->regions = calloc(nreg[i], sizeof *j->regions)))
+            oom = 1;
+        nj++;
+    }
+    for (uint32_t u = 0; !oom && job_of && u < m->nunits; u++) {
+        uint32_t ji = job_of[m->units[u].file];
+        if (!ji)
+            continue;
+        k3_vfy_job *j = &jobs[ji - 1];
+        k3_vfy_region *g = &j->regions[j->nregions++];
+        g->off = m->units[u].offset;
+        g->len = m->units[u].nbytes;
+        g->crc = m->units[u].crc32;
+        snprintf(g->what, sizeof g->what, "unit %u (layer %d)", u, m->units[u].layer);
+    }
+    for (uint64_t r = 0; !oom && job_of && r < nrec; r++) {
+        uint32_t ji = job_of[s->recs[r].file];
+        if (!ji)
+            continue;
+        k3_vfy_job *j = &jobs[ji - 1];
+        k3_vfy_region *g = &j->regions[j->nregions++];
+        g->off = s->recs[r].offset;
+        g->len = m->xl.stride;
+        g->crc = s->recs[r].crc32;
+        snprintf(g->what, sizeof g->what, "record layer %u expert %u",
+                 (uint32_t)(r / m->cfg.num_experts) + m->cfg.first_k_dense_replace,
+                 (uint32_t)(r % m->cfg.num_experts));
+    }
+    if (oom || !job_of) {
+        k3_vfy_problem(v, NULL, "not checked: out of memory");
+    } else {
+        for (uint32_t i = 0; i < nj; i++)
+            if (jobs[i].nregions)
+                qsort(jobs[i].regions, jobs[i].nregions, sizeof *jobs[i].regions, region_cmp);
+        k3_vfy_hash_jobs(v, jobs, nj);
+    }
+    for (uint32_t i = 0; i < nj; i++)
+        free(jobs[i].regions);
+    free(jobs);
+    free(nreg);
+    free(job_of);
+}
+
+int k3_vfy_packed(k3_vfy *v, k3_err *e)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/manifest.json", v->dir);
+    if (access(path, F_OK) != 0) {
+        k3_vfy_problem(v, NULL, "incomplete packed model: no manifest.json");
+        return 0;
+    }
+    pstate s = {0};
+    char *txt;
+    uint64_t len;
+    k3_err pe = {0};
+    int rc = k3_io_read_file(path, K3_MAN_MAX_BYTES, &txt, &len, &pe);
+    if (rc == 0) {
+        rc = k3_man_parse(&s.m, txt, len, path, &pe);
+        free(txt);
+    }
+    if (rc) {
+        /* without a trustworthy manifest nothing else can be judged */
+        const char *msg = pe.msg;
+        size_t pl = strlen(path);
+        if (!strncmp(msg, path, pl) && msg[pl] == ':')
+            msg += pl + 2;
+        k3_vfy_problem(v, "manifest.json", "%s", msg);
+        return 0;
+    }
+    s.size_ok = calloc(s.m.nfiles ? s.m.nfiles : 1, sizeof *s.size_ok);
+    if (!s.size_ok) {
+        k3_man_free(&s.m);
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+    }
+    check_listing(v, &s);
+    check_index(v, &s);
+    check_provenance(v, &s);
+    if (v->full)
+        full_hash(v, &s);
+    else
+        sample_records(v, &s);
+    free(s.recs);
+    free(s.size_ok);
+    k3_man_free(&s.m);
+    return 0;
+}
