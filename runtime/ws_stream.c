@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <zlib.h>
 
 #include "k3_io.h"
 #include "k3_kern.h"
@@ -39,6 +40,7 @@
 #include "k3_ws.h"
 
 #define RING_Q 64
+#define TCHUNK (16ull << 20)   /* trunk units are read in chunks of this by the I/O threads */
 
 enum { R_READING = 1, R_READY, R_INUSE, R_ERROR };
 enum { X_EMPTY = 0, X_LOADING, X_READY, X_ERROR };
@@ -59,6 +61,16 @@ typedef struct rent {
     int rc;
     k3_err err;
 } rent;
+
+/* One chunk of a trunk unit being read by an I/O thread. */
+typedef struct tchunk {
+    uint32_t unit;
+    uint64_t off, n;           /* in the file */
+    uint8_t *dst;
+    uint32_t crc;
+    int rc;
+    k3_err err;
+} tchunk;
 
 typedef struct xslot {
     uint32_t layer, expert;
@@ -109,6 +121,10 @@ typedef struct ws_stream {
     uint32_t *pf, npf;         /* refs taken by experts_prefetch, not yet claimed */
     uint32_t *miss, nmiss;
     uint64_t tick;
+    tchunk *tc;                /* the group the reader is loading, in chunks */
+    uint32_t tc_cap, tc_n, tc_next, tc_done;
+    pthread_cond_t tc_cv;      /* a chunk finished */
+    int threads_on, sync_on;
     int xfailed;
     k3_err xerr;
     FILE *trace;
@@ -176,9 +192,70 @@ static void arena_free(uint8_t *p, uint64_t mapped)
 
 /* -------------------------------------------------------------- trunk */
 
+/* Read a group's units as chunks spread over the I/O threads (parallel
+ * O_DIRECT preads, each CRC'd where read), then fold the chunk CRCs of each
+ * unit in order (crc32_combine) and compare with the unit's CRC. */
+static int read_group_par(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_err *e)
+{
+    const grp *G = &w->grp[g];
+    pthread_mutex_lock(&w->x_mu);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < G->nunits; i++) {
+        const k3_pk_unit *u = k3_pk_unit_at(w->pk, G->units[i]);
+        for (uint64_t o = 0; o < u->nbytes; o += TCHUNK) {
+            tchunk *c = &w->tc[n++];
+            c->unit = G->units[i];
+            c->off = u->offset + o;
+            c->n = u->nbytes - o < TCHUNK ? u->nbytes - o : TCHUNK;
+            c->dst = dst + G->unit_rel[i] + o;
+            c->crc = 0;
+            c->rc = crc;   /* in: 1 = compute the CRC */
+            k3_err_clear(&c->err);
+        }
+    }
+    w->tc_n = n;
+    w->tc_next = 0;
+    w->tc_done = 0;
+    pthread_cond_broadcast(&w->io_cv);
+    while (w->tc_done < w->tc_n)
+        pthread_cond_wait(&w->tc_cv, &w->x_mu);
+    w->tc_n = 0;
+    pthread_mutex_unlock(&w->x_mu);
+    int rc = 0;
+    for (uint32_t k = 0; k < n && rc == 0; k++)
+        if (w->tc[k].rc < 0) {
+            rc = w->tc[k].rc;
+            if (e) {
+                k3_err_clear(e);
+                *e = w->tc[k].err;
+            }
+        }
+    for (uint32_t k = 0; k < n && rc == 0 && crc;) {
+        const k3_pk_unit *u = k3_pk_unit_at(w->pk, w->tc[k].unit);
+        uLong v = w->tc[k].crc;
+        uint32_t j = k + 1;
+        for (; j < n && w->tc[j].unit == w->tc[k].unit; j++)
+            v = crc32_combine(v, w->tc[j].crc, (z_off_t)w->tc[j].n);
+        if ((uint32_t)v != u->crc32)
+            rc = k3_err_set(e, K3_ECORRUPT, "%s: unit %u (layer %d) at offset %llu has CRC32 %08x, expected %08x",
+                            k3_pk_file_at(w->pk, u->file)->path, w->tc[k].unit, u->layer,
+                            (unsigned long long)u->offset, (uint32_t)v, u->crc32);
+        k = j;
+    }
+    if (rc < 0) {
+        char name[48], what[64];
+        group_name(w, g, name, sizeof name);
+        snprintf(what, sizeof what, "trunk of %s", name);
+        return err_wrap(e, rc, what);
+    }
+    return 0;
+}
+
 static int read_group(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_err *e)
 {
     const grp *G = &w->grp[g];
+    if (w->threads_on && w->tc)
+        return read_group_par(w, g, dst, crc, e);
     for (uint32_t i = 0; i < G->nunits; i++) {
         int rc = k3_pk_read_unit(w->pk, G->units[i], dst + G->unit_rel[i], crc, e);
         if (rc < 0) {
@@ -384,6 +461,19 @@ static void *io_main(void *arg)
     ws_stream *w = arg;
     pthread_mutex_lock(&w->x_mu);
     while (!w->stop) {
+        if (w->jn == 0 && w->tc_next < w->tc_n) {   /* expert records first: the model waits for them */
+            tchunk *c = &w->tc[w->tc_next++];
+            const k3_pk_unit *u = k3_pk_unit_at(w->pk, c->unit);
+            int want_crc = c->rc;
+            pthread_mutex_unlock(&w->x_mu);
+            c->rc = k3_pk_read(w->pk, u->file, c->dst, c->n, c->off, NULL, 0, &c->err);
+            if (c->rc == 0 && want_crc)
+                c->crc = (uint32_t)crc32(0, c->dst, (uInt)c->n);
+            pthread_mutex_lock(&w->x_mu);
+            if (++w->tc_done == w->tc_n)
+                pthread_cond_broadcast(&w->tc_cv);
+            continue;
+        }
         if (w->jn == 0) {
             pthread_cond_wait(&w->io_cv, &w->x_mu);
             continue;
@@ -631,7 +721,7 @@ static void st_close(k3_ws *ws)
         pthread_mutex_unlock(&w->ring_mu);
         pthread_join(w->reader, NULL);
     }
-    if (w->io_on) {
+    if (w->io_on) {   /* after the reader: it may be waiting for chunks */
         pthread_mutex_lock(&w->x_mu);
         w->stop = 1;
         pthread_cond_broadcast(&w->io_cv);
@@ -639,13 +729,15 @@ static void st_close(k3_ws *ws)
         for (uint32_t i = 0; i < w->io_on; i++)
             pthread_join(w->io[i], NULL);
     }
-    if (w->started) {
+    if (w->sync_on) {
         pthread_mutex_destroy(&w->ring_mu);
         pthread_cond_destroy(&w->ring_cv);
         pthread_mutex_destroy(&w->x_mu);
         pthread_cond_destroy(&w->x_cv);
         pthread_cond_destroy(&w->io_cv);
+        pthread_cond_destroy(&w->tc_cv);
     }
+    free(w->tc);
     if (w->trace)
         fclose(w->trace);
     arena_free(w->pin_arena, w->pin_map);
@@ -792,13 +884,13 @@ int k3_ws_stream_direct(const k3_ws *ws) { return ((const ws_stream *)ws)->direc
 void k3_ws_stream_stats(const k3_ws *ws, k3_stream_stats *st)
 {
     ws_stream *w = (ws_stream *)ws;
-    if (w->started) {
+    if (w->sync_on) {
         pthread_mutex_lock(&w->ring_mu);
         pthread_mutex_lock(&w->x_mu);
     }
     *st = w->st;
     st->trunk_bytes = w->st.trunk_stream_bytes + w->st.pinned_bytes + w->st.embed_bytes;
-    if (w->started) {
+    if (w->sync_on) {
         pthread_mutex_unlock(&w->x_mu);
         pthread_mutex_unlock(&w->ring_mu);
     }
@@ -850,19 +942,29 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
             w->pos[g] = w->norder;
             w->order[w->norder++] = g;
         }
+    w->nio = o->io_threads ? o->io_threads : 4;
+    if (w->nio > 64)
+        w->nio = 64;
+    w->io = calloc(w->nio, sizeof *w->io);
+    for (uint32_t g = 0; g < w->ng; g++) {
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < w->grp[g].nunits; i++)
+            n += (uint32_t)((k3_pk_unit_at(w->pk, w->grp[g].units[i])->nbytes + TCHUNK - 1) / TCHUNK);
+        if (n > w->tc_cap)
+            w->tc_cap = n;
+    }
+    w->tc = calloc(w->tc_cap + 1, sizeof *w->tc);
+    if (!w->io || !w->tc)
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
     if (w->lay) {
         w->nslots = p->expert_slots;
-        w->nio = o->io_threads ? o->io_threads : 4;
-        if (w->nio > w->nslots)
-            w->nio = w->nslots;
         w->xs = calloc(w->nslots, sizeof *w->xs);
         w->xmap = calloc((uint64_t)c->num_hidden_layers * c->num_experts, sizeof *w->xmap);
         w->jobs = calloc(w->nslots, sizeof *w->jobs);
         w->held = calloc(w->nslots, sizeof *w->held);
         w->pf = calloc(w->nslots, sizeof *w->pf);
         w->miss = calloc(w->nslots, sizeof *w->miss);
-        w->io = calloc(w->nio, sizeof *w->io);
-        if (!w->xs || !w->xmap || !w->jobs || !w->held || !w->pf || !w->miss || !w->io)
+        if (!w->xs || !w->xmap || !w->jobs || !w->held || !w->pf || !w->miss)
             return k3_err_set(e, K3_ENOMEM, "out of memory");
     }
     if (o->trace_path) {
@@ -878,6 +980,19 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
     if ((p->trunk_pinned && !w->pin_arena) || (p->ring && !w->ring) || (p->expert_slots && !w->xarena))
         return k3_err_set(e, K3_ENOMEM, "cannot map the planned arenas (%llu bytes)",
                           (unsigned long long)(p->mapped_pinned + p->mapped_ring + p->expert_bytes));
+    pthread_mutex_init(&w->ring_mu, NULL);
+    pthread_cond_init(&w->ring_cv, NULL);
+    pthread_mutex_init(&w->x_mu, NULL);
+    pthread_cond_init(&w->x_cv, NULL);
+    pthread_cond_init(&w->io_cv, NULL);
+    pthread_cond_init(&w->tc_cv, NULL);
+    w->sync_on = 1;
+    for (uint32_t i = 0; i < w->nio; i++) {
+        if (pthread_create(&w->io[i], NULL, io_main, w) != 0)
+            return k3_err_set(e, K3_ENOMEM, "cannot start an I/O thread");
+        w->io_on++;
+    }
+    w->threads_on = 1;
     double t0 = now_s();
     uint64_t at = 0;
     for (uint32_t g = 0; g < w->ng; g++)
@@ -890,21 +1005,11 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
             w->st.pinned_bytes += w->grp[g].bytes;
         }
     w->st.load_s = now_s() - t0;
-    pthread_mutex_init(&w->ring_mu, NULL);
-    pthread_cond_init(&w->ring_cv, NULL);
-    pthread_mutex_init(&w->x_mu, NULL);
-    pthread_cond_init(&w->x_cv, NULL);
-    pthread_cond_init(&w->io_cv, NULL);
-    w->started = 1;
     if (w->norder) {
         if (pthread_create(&w->reader, NULL, reader_main, w) != 0)
             return k3_err_set(e, K3_ENOMEM, "cannot start the reader thread");
         w->reader_on = 1;
     }
-    for (uint32_t i = 0; i < w->nio; i++) {
-        if (pthread_create(&w->io[i], NULL, io_main, w) != 0)
-            return k3_err_set(e, K3_ENOMEM, "cannot start an I/O thread");
-        w->io_on++;
-    }
+    w->started = 1;
     return 0;
 }

@@ -217,6 +217,26 @@ K3_TEST(stream_stops_on_an_expert_read_error_with_exit_4)
     free(err);
 }
 
+K3_TEST(stream_catches_a_flipped_trunk_byte_before_any_token)
+{
+    const char *pk = packed_tiny();
+    char *out = NULL, *err = NULL;
+    /* every streamed read of trunk-0001 at byte 4100 gets bit 0 flipped */
+    CHECK_EQ_INT(k3t_runf(&out, &err, "K3_FAULT=flip:trunk-0001:4100 k3-run %s --ids 3,1 --gen 2 --ram floor", pk), 5);
+    CHECK_STR_CONTAINS(err, "trunk-0001.k3t: unit");
+    CHECK_STR_CONTAINS(err, "has CRC32");
+    CHECK_STR_CONTAINS(err, "(trunk of layer");
+    CHECK(out == NULL || strlen(out) == 0);
+    free(out);
+    free(err);
+    /* the same byte flipped while pinned at start (resident budget) */
+    CHECK_EQ_INT(k3t_runf(&out, &err, "K3_FAULT=flip:trunk-0001:4100 k3-run %s --ids 3,1 --gen 2 --ram resident", pk),
+                 5);
+    CHECK_STR_CONTAINS(err, "has CRC32");
+    free(out);
+    free(err);
+}
+
 /* Sum of a view's bytes, for comparing against the resident source. */
 static uint32_t view_crc(const k3_view *v)
 {
