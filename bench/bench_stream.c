@@ -11,6 +11,13 @@
  *   bin/bench-bench_stream --plan CONFIG_JSON [--ctx N] [--chunk N] [--threads N]
  *                          [--baseline BYTES] [--ram SIZE|floor|double|resident]
  *
+ *   bin/bench-bench_stream --replay TRACE SLOTS...
+ *
+ * The third form replays an expert trace written by k3-run --trace against
+ * caches of SLOTS records under LRU (what k3-run does), LFU (ties to the
+ * least recent) and Belady's MIN (the offline optimum: an upper bound no
+ * online policy reaches), and prints the hit rates.
+ *
  * The second form prints the memory plan k3-run --ram would make for a
  * model of that config laid out by k3-convert (k3_stream_cfg_groups), with
  * a runtime baseline of BYTES (default 16 MiB: a k3-run process with the K3
@@ -77,6 +84,107 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+typedef struct req {
+    uint32_t key;
+    uint32_t next;   /* index of the next request of the same key (UINT32_MAX: none) */
+} req;
+
+/* Hit count of one policy: 0 LRU, 1 LFU, 2 MIN. O(n * slots), fine for traces. */
+static uint64_t simulate(const req *r, uint32_t n, uint32_t slots, int policy)
+{
+    uint32_t *key = calloc(slots, sizeof *key);
+    uint64_t *last = calloc(slots, sizeof *last), *freq = calloc(slots, sizeof *freq), *nxt = calloc(slots, sizeof *nxt);
+    uint32_t used = 0;
+    uint64_t hits = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t s = UINT32_MAX;
+        for (uint32_t k = 0; k < used; k++)
+            if (key[k] == r[i].key)
+                s = k;
+        if (s != UINT32_MAX) {
+            hits++;
+        } else if (used < slots) {
+            s = used++;
+            key[s] = r[i].key;
+            freq[s] = 0;
+        } else {
+            s = 0;
+            for (uint32_t k = 1; k < used; k++) {
+                int better = policy == 0 ? last[k] < last[s]
+                           : policy == 1 ? (freq[k] < freq[s] || (freq[k] == freq[s] && last[k] < last[s]))
+                                         : nxt[k] > nxt[s];
+                if (better)
+                    s = k;
+            }
+            key[s] = r[i].key;
+            freq[s] = 0;
+        }
+        last[s] = i;
+        freq[s]++;
+        nxt[s] = r[i].next == UINT32_MAX ? UINT64_MAX : r[i].next;
+    }
+    free(key);
+    free(last);
+    free(freq);
+    free(nxt);
+    return hits;
+}
+
+static int replay_main(int argc, char **argv)
+{
+    FILE *f = fopen(argv[2], "r");
+    if (!f) {
+        fprintf(stderr, "bench_stream: cannot open %s: %s\n", argv[2], strerror(errno));
+        return 4;
+    }
+    uint32_t cap = 1024, n = 0;
+    req *r = malloc(cap * sizeof *r);
+    char line[256];
+    while (r && fgets(line, sizeof line, f)) {
+        unsigned long long fw;
+        unsigned l, x;
+        char hm;
+        if (line[0] == '#' || sscanf(line, "%llu %u %u %c", &fw, &l, &x, &hm) != 4)
+            continue;
+        if (n == cap) {
+            req *t = realloc(r, (cap *= 2) * sizeof *r);
+            if (!t)
+                break;
+            r = t;
+        }
+        r[n].key = l * 65536u + x;
+        r[n].next = UINT32_MAX;
+        n++;
+    }
+    fclose(f);
+    if (!r)
+        return 6;
+    for (uint32_t i = n; i-- > 0;)   /* next use of each request's key */
+        for (uint32_t j = i + 1; j < n; j++)
+            if (r[j].key == r[i].key) {
+                r[i].next = j;
+                break;
+            }
+    uint32_t distinct = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int seen = 0;
+        for (uint32_t j = 0; j < i && !seen; j++)
+            seen = r[j].key == r[i].key;
+        distinct += !seen;
+    }
+    printf("trace %s: %u requests, %u distinct records (compulsory misses)\n", argv[2], n, distinct);
+    for (int i = 3; i < argc; i++) {
+        uint32_t slots = (uint32_t)strtoul(argv[i], NULL, 10);
+        if (!slots)
+            continue;
+        printf("  %5u slots: LRU %5.1f%%  LFU %5.1f%%  MIN (offline bound) %5.1f%%\n", slots,
+               100.0 * simulate(r, n, slots, 0) / (n ? n : 1), 100.0 * simulate(r, n, slots, 1) / (n ? n : 1),
+               100.0 * simulate(r, n, slots, 2) / (n ? n : 1));
+    }
+    free(r);
+    return 0;
+}
+
 static int plan_main(int argc, char **argv)
 {
     k3_stream_opts o;
@@ -131,6 +239,8 @@ int main(int argc, char **argv)
 {
     if (argc >= 3 && !strcmp(argv[1], "--plan"))
         return plan_main(argc, argv);
+    if (argc >= 4 && !strcmp(argv[1], "--replay"))
+        return replay_main(argc, argv);
     if (argc < 2) {
         fprintf(stderr, "usage: bench-bench_stream PACKED_DIR [--mb N] [--threads N] [--json]\n");
         return 2;

@@ -493,6 +493,26 @@ int main(int argc, char **argv)
         }
         n_ids = (uint32_t)n;
     }
+    k3_stream_opts so;
+    k3_stream_opts_init(&so);
+    if (ram_arg) {   /* plan before the model opens: it sizes its expert batches by the cache */
+        so.budget = ram;
+        so.max_chunk = (uint32_t)chunk;
+        so.max_ctx = n_ids + (uint32_t)gen;
+        so.nthreads = (uint32_t)omp_get_max_threads();
+        so.trace_path = trace_path;
+        so.trunk_crc = trunk_crc;
+        so.extra_bytes = (2 + (logits_all_path ? (uint64_t)n_ids : 0)) * 4ull * ws->cfg.vocab_size;
+        rc = k3_ws_stream_plan(ws, &so, &run.plan, &e);
+        if (rc < 0)
+            goto out;
+        k3_stream_plan_print(&run.plan, stderr, "k3-run: ");
+        if (plan_only)
+            goto out;
+        if (!k3_ws_stream_direct(ws))
+            fprintf(stderr, "k3-run: warning: the filesystem refuses O_DIRECT for %s: buffered reads "
+                            "(the page cache may hold model bytes outside the budget)\n", model_dir);
+    }
     k3_model_opts mo = {(uint32_t)chunk};
     rc = k3_model_open(&m, ws, &mo, &e);
     if (rc < 0)
@@ -524,23 +544,6 @@ int main(int argc, char **argv)
             goto out;
     }
     if (ram_arg) {
-        k3_stream_opts so;
-        k3_stream_opts_init(&so);
-        so.budget = ram;
-        so.max_chunk = (uint32_t)chunk;
-        so.max_ctx = n_ids + (uint32_t)gen;
-        so.nthreads = (uint32_t)omp_get_max_threads();
-        so.trace_path = trace_path;
-        so.trunk_crc = trunk_crc;
-        rc = k3_ws_stream_plan(ws, &so, &run.plan, &e);
-        if (rc < 0)
-            goto out;
-        k3_stream_plan_print(&run.plan, stderr, "k3-run: ");
-        if (plan_only)
-            goto out;
-        if (!k3_ws_stream_direct(ws))
-            fprintf(stderr, "k3-run: warning: the filesystem refuses O_DIRECT for %s: buffered reads "
-                            "(the page cache may hold model bytes outside the budget)\n", model_dir);
         rc = k3_ws_stream_start(ws, &so, &run.plan, &e);
         if (rc < 0)
             goto out;

@@ -604,10 +604,16 @@ static void st_experts_prefetch(k3_ws *ws, uint32_t layer, const uint32_t *ids, 
     pthread_mutex_unlock(&w->x_mu);
 }
 
+/* The planned slot count once planned (plan before k3_model_open to let the
+ * model ask for whole cache-fulls), top-k before (the floor's slot count). */
 static uint32_t st_batch_max(k3_ws *ws)
 {
     ws_stream *w = (ws_stream *)ws;
-    return w->nslots ? w->nslots : 1;
+    if (w->nslots)
+        return w->nslots;
+    if (w->planned && w->plan.expert_slots)
+        return w->plan.expert_slots;
+    return ws->cfg.num_experts_per_token ? ws->cfg.num_experts_per_token : 1;
 }
 
 static int st_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n, k3_expert_view *out,
@@ -626,7 +632,8 @@ static int st_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_t *ids, ui
     pthread_mutex_lock(&w->x_mu);
     if (w->xfailed)
         goto failed;
-    /* refs taken by prefetch for this batch are claimed; the others dropped */
+    /* refs taken by prefetch for this batch are claimed; the others stay for
+     * the layer's later batches (dropped when a slot is needed) */
     w->nheld = 0;
     for (uint32_t i = 0; i < n; i++) {
         int got = -1;
@@ -640,15 +647,18 @@ static int st_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_t *ids, ui
         }
         w->held[i] = got < 0 ? UINT32_MAX : (uint32_t)got;
     }
-    for (uint32_t k = 0; k < w->npf; k++)
-        w->xs[w->pf[k]].ref--;
-    w->npf = 0;
     for (uint32_t i = 0; i < n;) {
         if (w->held[i] != UINT32_MAX) {
             i++;
             continue;
         }
         int s = take(w, layer, ids[i], 1);
+        if (s < 0 && w->npf) {   /* give back the prefetched records not claimed yet */
+            for (uint32_t k = 0; k < w->npf; k++)
+                w->xs[w->pf[k]].ref--;
+            w->npf = 0;
+            continue;
+        }
         if (s < 0) {   /* every free slot is still loading: let them land */
             flush_misses(w);
             pthread_cond_wait(&w->x_cv, &w->x_mu);
