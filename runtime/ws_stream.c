@@ -102,7 +102,7 @@ typedef struct ws_stream {
     pthread_mutex_t ring_mu;
     pthread_cond_t ring_cv;    /* any change of the FIFO or of the reader position */
     pthread_t reader;
-    int reader_on, stop;
+    int reader_on, stop;       /* stop: the reader's flag (ring_mu) */
     uint64_t ring_cap;
     rent q[RING_Q];
     uint32_t qh, qn;
@@ -125,6 +125,7 @@ typedef struct ws_stream {
     uint32_t tc_cap, tc_n, tc_next, tc_done;
     pthread_cond_t tc_cv;      /* a chunk finished */
     int threads_on, sync_on;
+    int io_stop;               /* the I/O threads' flag (x_mu) */
     int xfailed;
     k3_err xerr;
     FILE *trace;
@@ -460,7 +461,7 @@ static void *io_main(void *arg)
 {
     ws_stream *w = arg;
     pthread_mutex_lock(&w->x_mu);
-    while (!w->stop) {
+    while (!w->io_stop) {
         if (w->jn == 0 && w->tc_next < w->tc_n) {   /* expert records first: the model waits for them */
             tchunk *c = &w->tc[w->tc_next++];
             const k3_pk_unit *u = k3_pk_unit_at(w->pk, c->unit);
@@ -733,7 +734,7 @@ static void st_close(k3_ws *ws)
     }
     if (w->io_on) {   /* after the reader: it may be waiting for chunks */
         pthread_mutex_lock(&w->x_mu);
-        w->stop = 1;
+        w->io_stop = 1;
         pthread_cond_broadcast(&w->io_cv);
         pthread_mutex_unlock(&w->x_mu);
         for (uint32_t i = 0; i < w->io_on; i++)
