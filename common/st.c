@@ -16,6 +16,10 @@
  *   power-of-two sized, at most half full, a word-at-a-time hash).
  * - With an index file, the index and the shards agree exactly (same tensor
  *   set, same tensor -> shard map, no unreferenced shard file in the folder).
+ * - k3_st_open parses the index and the headers on worker threads that touch
+ *   only their own shard slot and error record; everything after (merging,
+ *   the table, cross-checks, the choice of error) runs on the caller's thread
+ *   in a fixed order, so results never depend on timing.
  */
 #include "k3_st.h"
 
@@ -23,6 +27,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -485,7 +491,12 @@ trailer:
     }
 
     /* the tensors must tile [0, data_size) exactly */
-    qsort(h->tensors, used, sizeof *h->tensors, cmp_offset);
+    /* writers usually list tensors in data order: sort only if needed */
+    uint64_t sorted = 1;
+    while (sorted < used && cmp_offset(&h->tensors[sorted - 1], &h->tensors[sorted]) <= 0)
+        sorted++;
+    if (sorted < used)
+        qsort(h->tensors, used, sizeof *h->tensors, cmp_offset);
     uint64_t expect = 0;
     for (uint64_t i = 0; i < used; i++) {
         k3_st_tensor *t = &h->tensors[i];
@@ -886,53 +897,119 @@ static void free_names(char **v, uint32_t n)
     free(v);
 }
 
-/* Open shard i of st at path and append its tensors. */
-static int add_shard(k3_st *st, uint64_t *cap, const char *path, unsigned flags, k3_err *e)
-{
-    shard *s = &st->shards[st->nshards];
-    memset(s, 0, sizeof *s);
-    s->fd = -1;
-    if (!(s->path = strdup(path)))
-        return k3_err_set(e, K3_ENOMEM, "%s: out of memory", path);
-    const char *slash = strrchr(s->path, '/');
-    s->name = slash ? slash + 1 : s->path;
-    st->nshards++;
-    int fd = k3_io_open_read(path, (flags & K3_ST_DIRECT) != 0, &s->direct, e);
-    if (fd < 0)
-        return fd;
-    s->fd = fd;
-    int rc = k3_io_file_size(fd, &s->size, path, e);
-    if (rc)
-        return rc;
+/* One shard opened and its header parsed: the parallel part of k3_st_open.
+ * On error the fd stays in s (closed with the k3_st). */
+typedef struct shard_load {
     k3_st_header h;
-    if ((rc = k3_st_header_read(&h, fd, path, e)))
-        return rc;
-    s->data_start = h.data_start;
-    s->names = h.names;
-    h.names = NULL;
-    if (st->count + h.count > K3_ST_MAX_TENSORS) {
-        k3_st_header_free(&h);
-        return k3_err_set(e, K3_ELIMIT, "%s: the checkpoint has more than %llu tensors", path,
-                          (unsigned long long)K3_ST_MAX_TENSORS);
+    k3_err err;
+    int rc;
+} shard_load;
+
+static void load_shard(shard *s, shard_load *l, unsigned flags)
+{
+    k3_err_clear(&l->err);
+    int fd = k3_io_open_read(s->path, (flags & K3_ST_DIRECT) != 0, &s->direct, &l->err);
+    if (fd < 0) {
+        l->rc = fd;
+        return;
     }
-    if (st->count + h.count > *cap) {
-        uint64_t nc = *cap ? *cap : 1024;
-        while (nc < st->count + h.count)
-            nc *= 2;
-        k3_st_tensor *nt = realloc(st->tensors, nc * sizeof *nt);
-        if (!nt) {
-            k3_st_header_free(&h);
-            return k3_err_set(e, K3_ENOMEM, "%s: out of memory for %" PRIu64 " tensors", path, nc);
+    s->fd = fd;
+    l->rc = k3_io_file_size(fd, &s->size, s->path, &l->err);
+    if (!l->rc)
+        l->rc = k3_st_header_read(&l->h, fd, s->path, &l->err);
+    if (!l->rc)
+        s->data_start = l->h.data_start;
+}
+
+/* The parallel phase of k3_st_open: job 0 is the index (if any), jobs 1..n
+ * the shards. Plain threads that exit when the work is done (an OpenMP team
+ * would leave threads spinning after every open, which costs a loaded
+ * machine more than the parsing). */
+typedef struct open_job {
+    k3_st *st;
+    shard_load *loads;
+    unsigned flags;
+    uint32_t nfiles;
+    int have_index;
+    index_map *m;
+    const char *index_path;
+    k3_err *index_err;
+    int *index_rc;
+    uint32_t next; /* atomic */
+} open_job;
+
+static void *open_worker(void *arg)
+{
+    open_job *j = arg;
+    for (;;) {
+        uint32_t k = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (k == 0) {
+            if (j->have_index)
+                *j->index_rc = index_load(j->m, j->index_path, j->index_err);
+        } else if (k - 1 < j->nfiles) {
+            load_shard(&j->st->shards[k - 1], &j->loads[k - 1], j->flags);
+        } else {
+            return NULL;
         }
-        st->tensors = nt;
-        *cap = nc;
     }
-    for (uint64_t i = 0; i < h.count; i++) {
-        h.tensors[i].shard = st->nshards - 1;
-        st->tensors[st->count + i] = h.tensors[i];
+}
+
+static void run_open_jobs(open_job *j)
+{
+    /* OMP_NUM_THREADS, as everywhere in k3, else the CPU count */
+    long cpus = omp_get_max_threads();
+    uint32_t jobs = j->nfiles + (j->have_index ? 1 : 0);
+    uint32_t nthreads = cpus > 1 ? (uint32_t)(cpus < 16 ? cpus : 16) : 1;
+    if (nthreads > jobs)
+        nthreads = jobs ? jobs : 1;
+    /* Fault injection (K3_FAULT) counts reads in a process-wide record: keep
+     * it deterministic and race-free by loading shards one by one when it is
+     * armed. A zero-byte read makes the hook load its settings now, before
+     * any thread could race to do it. */
+    const char *fault = getenv("K3_FAULT");
+    if (fault && *fault)
+        nthreads = 1;
+    k3_io_pread(-1, NULL, 0, 0, "", NULL);
+    pthread_t tid[16];
+    uint32_t started = 0;
+    for (uint32_t t = 1; t < nthreads; t++)
+        if (pthread_create(&tid[started], NULL, open_worker, j) == 0)
+            started++;
+    open_worker(j); /* the caller works too; if no thread started it does all */
+    for (uint32_t t = 0; t < started; t++)
+        pthread_join(tid[t], NULL);
+}
+
+/* Append the parsed shards to st in shard order; the first failed shard (in
+ * name order, whatever order the threads finished in) is the error. */
+static int merge_shards(k3_st *st, shard_load *loads, k3_err *e)
+{
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < st->nshards; i++) {
+        if (loads[i].rc) {
+            if (e && !e->code)
+                *e = loads[i].err;
+            return loads[i].rc;
+        }
+        total += loads[i].h.count;
     }
-    st->count += h.count;
-    k3_st_header_free(&h);
+    if (total > K3_ST_MAX_TENSORS)
+        return k3_err_set(e, K3_ELIMIT, "%s: the checkpoint has %" PRIu64 " tensors, more than %llu",
+                          st->shards[0].path, total, (unsigned long long)K3_ST_MAX_TENSORS);
+    st->tensors = malloc((total ? total : 1) * sizeof *st->tensors);
+    if (!st->tensors)
+        return k3_err_set(e, K3_ENOMEM, "%s: out of memory for %" PRIu64 " tensors", st->shards[0].path, total);
+    for (uint32_t i = 0; i < st->nshards; i++) {
+        k3_st_header *h = &loads[i].h;
+        for (uint64_t k = 0; k < h->count; k++) {
+            h->tensors[k].shard = i;
+            st->tensors[st->count + k] = h->tensors[k];
+        }
+        st->count += h->count;
+        st->shards[i].names = h->names;
+        h->names = NULL;
+        k3_st_header_free(h);
+    }
     return 0;
 }
 
@@ -986,58 +1063,88 @@ int k3_st_open(k3_st **out, const char *dir, unsigned flags, k3_err *e)
     k3_st *st = calloc(1, sizeof *st);
     if (!st)
         return k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
-    uint64_t cap = 0;
-    int rc = 0;
+    int rc = 0, have_index = 0, index_rc = 0;
     index_map m = {0};
+    k3_err index_err = {0};
     char **files = NULL;
     uint32_t nfiles = 0;
-    char path[4096], index_path[4096] = "";
+    shard_load *loads = NULL;
+    char index_path[4096] = "";
 
+    /* the shards: the file itself, or the directory's *.safetensors in name
+     * order (with an index, these must be exactly the files it names) */
     if (!S_ISDIR(sb.st_mode)) {
-        if (!(st->shards = malloc(sizeof *st->shards))) {
+        nfiles = 1;
+        if (!(files = malloc(sizeof *files)) || !(files[0] = strdup(dir))) {
+            nfiles = 0;
             rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
             goto out;
         }
-        if ((rc = add_shard(st, &cap, dir, flags, e)))
-            goto out;
     } else {
         if ((rc = list_shards(dir, &files, &nfiles, e)))
             goto out;
         if ((rc = k3_io_path_join(index_path, sizeof index_path, dir, INDEX_NAME, e)))
             goto out;
-        int have_index = access(index_path, F_OK) == 0;
-        if (have_index) {
-            if ((rc = index_load(&m, index_path, e)))
-                goto out;
-            /* every file in the folder must be one the index names */
-            for (uint32_t i = 0; i < nfiles; i++) {
-                const char *key = files[i];
-                if (!bsearch(&key, m.shard_names, m.nshards, sizeof *m.shard_names, cmp_str)) {
-                    rc = k3_err_set(e, K3_EFORMAT, "%s/%s: shard file is not referenced by %s", dir, files[i], INDEX_NAME);
-                    goto out;
-                }
-            }
-        } else if (nfiles == 0) {
+        have_index = access(index_path, F_OK) == 0;
+        if (!have_index && nfiles == 0) {
             rc = k3_err_set(e, K3_ENOENT, "%s: no *.safetensors files and no %s", dir, INDEX_NAME);
             goto out;
         }
-        uint32_t n = have_index ? m.nshards : nfiles;
-        if (!(st->shards = malloc(n * sizeof *st->shards))) {
+    }
+    st->shards = calloc(nfiles ? nfiles : 1, sizeof *st->shards);
+    loads = calloc(nfiles ? nfiles : 1, sizeof *loads);
+    if (!st->shards || !loads) {
+        rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
+        goto out;
+    }
+    for (uint32_t i = 0; i < nfiles; i++) {
+        shard *s = &st->shards[i];
+        s->fd = -1;
+        st->nshards++;
+        char path[4096];
+        if (S_ISDIR(sb.st_mode) && (rc = k3_io_path_join(path, sizeof path, dir, files[i], e)))
+            goto out;
+        if (!(s->path = strdup(S_ISDIR(sb.st_mode) ? path : dir))) {
             rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
             goto out;
         }
-        for (uint32_t i = 0; i < n; i++) {
-            const char *name = have_index ? m.shard_names[i] : files[i];
-            if ((rc = k3_io_path_join(path, sizeof path, dir, name, e)))
-                goto out;
-            if (have_index && access(path, F_OK) != 0) {
-                rc = k3_err_set(e, K3_ENOENT, "%s: shard named by %s is missing", path, INDEX_NAME);
+        const char *slash = strrchr(s->path, '/');
+        s->name = slash ? slash + 1 : s->path;
+    }
+
+    /* the index and every header are parsed in parallel (headers are most
+     * of the work: 76 MB of JSON for K3); results are used in a fixed order */
+    {
+        open_job job = {.st = st, .loads = loads, .flags = flags, .nfiles = nfiles, .have_index = have_index,
+                        .m = &m, .index_path = index_path, .index_err = &index_err, .index_rc = &index_rc};
+        run_open_jobs(&job);
+    }
+
+    if (have_index) {
+        if (index_rc) {
+            *e = index_err;
+            rc = index_rc;
+            goto out;
+        }
+        /* the index names exactly the shard files present */
+        for (uint32_t i = 0; i < m.nshards; i++) {
+            const char *key = m.shard_names[i];
+            if (!bsearch(&key, files, nfiles, sizeof *files, cmp_str)) {
+                rc = k3_err_set(e, K3_ENOENT, "%s/%s: shard named by %s is missing", dir, key, INDEX_NAME);
                 goto out;
             }
-            if ((rc = add_shard(st, &cap, path, flags, e)))
-                goto out;
         }
+        for (uint32_t i = 0; i < nfiles; i++) {
+            const char *key = files[i];
+            if (!bsearch(&key, m.shard_names, m.nshards, sizeof *m.shard_names, cmp_str)) {
+                rc = k3_err_set(e, K3_EFORMAT, "%s/%s: shard file is not referenced by %s", dir, files[i], INDEX_NAME);
+                goto out;
+            }
+        }
+        /* same sorted sets: shard numbers agree between index and files */
     }
+    if ((rc = merge_shards(st, loads, e)))
+        goto out;
 
     /* one table for the whole checkpoint */
     if (ntab_init(&st->table, st->count)) {
@@ -1059,20 +1166,18 @@ int k3_st_open(k3_st **out, const char *dir, unsigned flags, k3_err *e)
             goto out;
         }
     }
-    if (m.text && (rc = check_against_index(st, &m, index_path, e)))
+    if (have_index && (rc = check_against_index(st, &m, index_path, e)))
         goto out;
 out:
+    if (loads)
+        for (uint32_t i = 0; i < nfiles; i++)
+            k3_st_header_free(&loads[i].h);
+    free(loads);
     index_free(&m);
     free_names(files, nfiles);
     if (rc) {
         k3_st_close(st);
         return rc;
-    }
-    /* give back the growth slack */
-    if (st->count && cap > st->count) {
-        k3_st_tensor *nt = realloc(st->tensors, st->count * sizeof *nt);
-        if (nt)
-            st->tensors = nt;
     }
     *out = st;
     return 0;

@@ -30,7 +30,7 @@
 
 #include <omp.h>
 
-#define STW_PIECE   (128u << 10)    /* fill / sparse granularity */
+#define STW_PIECE   4096u           /* fill / sparse (hole) granularity */
 #define STW_CHUNK   (16u << 20)     /* default write request */
 #define STW_NBUF    3
 
@@ -460,6 +460,19 @@ static int fill_piece(k3_stw *w, k3_stw_fill_fn fill, void *ctx, int sparse, uns
     return nonzero;
 }
 
+/* Whether every tensor overlapping file bytes [off, off+n) is all zero (and
+ * the range holds no header byte). */
+static int chunk_is_zero(const k3_stw *w, const k3_stw_stream_opts *o, void *ctx, uint64_t off, uint64_t n)
+{
+    uint64_t hdr_end = 8 + w->header_len;
+    if (off < hdr_end)
+        return 0;
+    for (uint64_t i = tensor_at(w, off - hdr_end); i < w->count && hdr_end + w->t[i].begin < off + n; i++)
+        if (!o->tensor_is_zero(ctx, i))
+            return 0;
+    return 1;
+}
+
 int k3_stw_stream(k3_stw *w, k3_stw_fill_fn fill, void *ctx, const k3_stw_stream_opts *o, k3_err *e)
 {
     if (!w->header || w->fd < 0)
@@ -514,6 +527,14 @@ int k3_stw_stream(k3_stw *w, k3_stw_fill_fn fill, void *ctx, const k3_stw_stream
         b->file_off = off;
         b->len = size - off < chunk ? size - off : chunk;
         int64_t npieces = (int64_t)((b->len + STW_PIECE - 1) / STW_PIECE);
+        if (p.sparse && o->tensor_is_zero && chunk_is_zero(w, o, ctx, off, b->len)) {
+            memset(b->nonzero, 0, (size_t)npieces);
+            pthread_mutex_lock(&p.mu);
+            b->state = 1;
+            pthread_cond_broadcast(&p.cv);
+            pthread_mutex_unlock(&p.mu);
+            continue;
+        }
         int frc = 0;
         k3_err ferr = {0};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads ? threads : omp_get_max_threads()) if (npieces > 1)

@@ -19,6 +19,7 @@ typedef struct k3_conv_w {
     k3_conv_ofile *of;
     char path[4096], tmp[4104];
     int fd;
+    int dfd;                    /* the same temporary opened O_DIRECT, or -1 */
     int dense;
     EVP_MD_CTX *md;
     unsigned long crc;          /* running CRC of region creg */

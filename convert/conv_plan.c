@@ -195,28 +195,16 @@ static int fingerprint(k3_conv_plan *p, k3_err *e)
     return 0;
 }
 
-/* Cut the shards into groups: consecutive shards joined whenever one expert
- * record has parts in both. */
+/* One group per shard. An expert whose tensors straddle a shard boundary
+ * belongs to the group of its last tensor; that group fetches the earlier
+ * parts with direct reads before streaming its shard (conv_run.c), so no
+ * group depends on another and every shard is resumable on its own. */
 static int make_groups(k3_conv_plan *p, k3_err *e)
 {
     uint32_t ns = k3_st_shard_count(p->st);
-    uint8_t *join = calloc(ns ? ns : 1, 1); /* join[s]: shard s and s+1 are in one group */
+    uint8_t *join = calloc(ns ? ns : 1, 1); /* never set: kept for grouping rules to come */
     if (!join)
         return k3_err_set(e, K3_ENOMEM, "out of memory");
-    for (uint64_t r = 0; r < p->nrecs; r++) {
-        uint32_t lo = UINT32_MAX, hi = 0;
-        for (int w = 0; w < 3; w++)
-            for (int q = 0; q < K3_MAN_XP_COUNT; q++) {
-                int32_t ti = p->recs[r].parts[w][q];
-                if (ti < 0)
-                    continue;
-                uint32_t s = p->tensors[ti].st->shard;
-                lo = s < lo ? s : lo;
-                hi = s > hi ? s : hi;
-            }
-        for (uint32_t s = lo; lo != UINT32_MAX && s < hi; s++)
-            join[s] = 1;
-    }
     p->groups = calloc(ns ? ns : 1, sizeof *p->groups);
     if (!p->groups) {
         free(join);

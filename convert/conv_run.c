@@ -46,12 +46,19 @@ void k3_conv_interrupt(void)
  * that point (STAGE: chunk = after the group's first chunk is converted,
  * published = after its files are renamed but before its journal entry,
  * journaled = after its journal entry, index = after experts.idx, before the
- * manifest; GROUP is ignored for index). Costs one getenv per group. */
+ * manifest; GROUP is ignored for index; "interrupt:G" raises SIGINT instead,
+ * as Ctrl-C would, after group G's first chunk). */
 static void crash_point(const char *stage, uint32_t g)
 {
     const char *v = getenv("K3_CONVERT_CRASH");
     if (!v)
         return;
+    if (!strcmp(stage, "chunk") && !strncmp(v, "interrupt:", 10)) {
+        char *end;
+        if (strtoul(v + 10, &end, 10) == g && !*end)
+            raise(SIGINT);
+        return;
+    }
     size_t n = strlen(stage);
     if (strncmp(v, stage, n) || v[n] != ':')
         return;
@@ -175,6 +182,7 @@ typedef struct conv {
     k3_conv_w tw, xw;           /* trunk and experts writers of the group */
     int has_t, has_x;
     uint64_t ti;                /* tensor cursor */
+    uint32_t g;                 /* the group being converted */
     uint8_t *scratch;           /* CHUNK + 64 */
     uint8_t carry[8];
     uint32_t carry_len;
@@ -379,7 +387,7 @@ static int process_chunk(conv *cv, const chunk *c, k3_err *e)
         int rc = 0;
         if (ct->role == K3_CONV_T_TRUNK)
             rc = handle_trunk(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo, e);
-        else if (ct->role == K3_CONV_T_EXPERT)
+        else if (ct->role == K3_CONV_T_EXPERT && p->recs[ct->rec].group == cv->g)
             rc = handle_expert(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo, e);
         if (rc)
             return rc;
@@ -601,6 +609,28 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
         goto fail;
     }
     cv->ti = 0;
+    cv->g = g;
+    /* parts of this group's records that lie in earlier shards (an expert
+     * straddling a shard boundary): read them directly first */
+    for (uint64_t r = 0; rc == 0 && r < p->nrecs; r++) {
+        if (p->recs[r].group != g)
+            continue;
+        for (int w = 0; rc == 0 && w < 3; w++)
+            for (int q = 0; rc == 0 && q < K3_MAN_XP_COUNT; q++) {
+                int32_t ti = p->recs[r].parts[w][q];
+                if (ti < 0 || p->tensors[ti].st->shard >= G->shard_first)
+                    continue;
+                const k3_st_tensor *t = p->tensors[ti].st;
+                uint8_t *buf = malloc(t->nbytes ? (size_t)t->nbytes : 1);
+                if (!buf)
+                    rc = k3_err_set(e, K3_ENOMEM, "out of memory reading %s", t->name);
+                if (rc == 0)
+                    rc = k3_st_read(p->st, t, buf, e);
+                if (rc == 0)
+                    rc = handle_expert(cv, &p->tensors[ti], 0, buf, t->nbytes, e);
+                free(buf);
+            }
+    }
     for (;;) {
         pthread_mutex_lock(&rd->mu);
         while (rd->count == 0 && !rd->finished)
@@ -748,6 +778,11 @@ static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_err *e)
             char *txt;
             uint64_t len;
             int rc = journal_path(path, sizeof path, dst, "plan.json", e);
+            if (rc == 0 && access(path, F_OK) != 0) {
+                /* killed before the plan was written: nothing finished yet */
+                has_journal = 0;
+                goto fresh;
+            }
             if (rc == 0 && (rc = k3_io_read_file(path, 1u << 20, &txt, &len, e)) == 0) {
                 int same = strstr(txt, hex) != NULL;
                 free(txt);
@@ -766,6 +801,7 @@ static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_err *e)
         }
         if (o->resume && has_manifest)
             return 1;
+    fresh:
         if (nonempty && !o->force && !o->resume)
             return k3_err_set(e, K3_EEXIST, "%s: exists and is not empty (--force to replace, --resume to "
                               "continue an interrupted conversion)", dst);

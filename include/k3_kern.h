@@ -36,11 +36,13 @@
 
 /* ---- dispatch -------------------------------------------------------------- */
 
-/* Pick the fastest path the CPU has, once; K3_ISA=scalar|avx2|avx512|avx512bf16
- * forces one (an unavailable forced path falls back to the best available and
- * k3_kern_name says so). Idempotent, thread-safe after the first call.
- * avx512bf16 is not built: it would round the f32 activations to bf16 and so
- * change the numbers; asking for it gives avx512 (see kernels/dispatch.c). */
+/* Pick the fastest exact path the CPU has (avx512, avx2 or scalar: all give
+ * the ref.c bits), once; K3_ISA=scalar|avx2|avx512|avx512bf16 forces one (an
+ * unavailable forced path falls back to the best available and k3_kern_name
+ * says so). Idempotent, thread-safe after the first call.
+ * avx512bf16 is opt-in only: its bf16-weight products round the activations
+ * to bf16 (vdpbf16ps), so they differ from ref.c within the bound documented
+ * in kernels/gemm_avx512bf16.c; its MXFP4 products are the exact ones. */
 void k3_kern_init(void);
 /* Name of the path in use, e.g. "avx512", or "avx2 (K3_ISA=avx512 unavailable)";
  * calls k3_kern_init if needed. The string is static. */
@@ -55,32 +57,44 @@ int k3_kern_use(const char *isa);
 
 /* ---- scalar conversions (ref.c) ------------------------------------------- */
 
-float k3_bf16_to_f32(uint16_t h);
-uint16_t k3_f32_to_bf16(float f);          /* round to nearest even; NaN stays NaN */
-float k3_f16_to_f32(uint16_t h);
-float k3_f8e4m3_to_f32(uint8_t b);
-float k3_f8e5m2_to_f32(uint8_t b);
-float k3_e2m1_value(uint8_t nibble);        /* the 16 E2M1 values */
-float k3_e8m0_scale(uint8_t s);             /* 2^(s-127); 0 for 255 */
+float k3_bf16_to_f32(uint16_t h);          /* exact (bf16 is the top half of an f32) */
+uint16_t k3_f32_to_bf16(float f);          /* round to nearest even, overflow to inf,
+                                              subnormals kept; NaN stays NaN (quiet) */
+float k3_f16_to_f32(uint16_t h);           /* exact, subnormals and inf/NaN included */
+float k3_f8e4m3_to_f32(uint8_t b);         /* E4M3 "fn": bias 7, no inf, S.1111.111 NaN */
+float k3_f8e5m2_to_f32(uint8_t b);         /* E5M2: the top byte of an f16 */
+float k3_e2m1_value(uint8_t nibble);        /* the 16 E2M1 values (high bits ignored) */
+float k3_e8m0_scale(uint8_t s);             /* 2^(s-127) (s = 0: subnormal 2^-127); 0 for 255 */
 
 void k3_bf16_to_f32_n(const uint16_t *src, float *dst, uint64_t n);
 void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n);
 
 /* Quantize n floats (n a multiple of 32) to MXFP4 by the SPEC §2 rule:
- * packed gets n/2 bytes, scales n/32 bytes. */
+ * packed gets n/2 bytes, scales n/32 bytes. Per group of 32: amax = max |x|
+ * (NaN ignored, inf as FLT_MAX); amax 0 gives scale byte 0 and zero nibbles;
+ * else e = floor(log2 amax) - 2 clamped to [-127, 127], scale byte e + 127,
+ * and each x / 2^e goes to the nearest E2M1 magnitude (ties to the even code,
+ * saturating at 6) with the sign bit of x kept (so -0 gives nibble 8; NaN
+ * gives magnitude 6). Data already of the form E2M1 * 2^(s-127) with some
+ * |value| of 4 or 6 (s <= 252) comes back as the same bytes. */
 void k3_mx_quantize(const float *x, uint64_t n, uint8_t *packed, uint8_t *scales);
 /* Expand MXFP4 to floats (tests and reference only; the runtime never does). */
 void k3_mx_dequantize(const uint8_t *packed, const uint8_t *scales, uint64_t n, float *x);
 
 /* ---- products ------------------------------------------------------------- */
 
-/* Y = X . W^T for a bf16 W: Y[t*rows + r] = sum_c W[r][c] * X[t*cols + c].
- * Threaded over rows with OpenMP (nested calls run single-threaded). */
+/* Y = X . W^T for a bf16 W: Y[t*rows + r] = sum_c W[r][c] * X[t*cols + c],
+ * summed in the order given at the top of this file; any rows, any cols, any
+ * T (the weights are read from memory once per call whatever T is).
+ * Threaded over rows with OpenMP; inside a parallel region (or for small
+ * products) it runs on the calling thread only. Never allocates; uses at most
+ * 32 KiB of stack. */
 void k3_gemm_bf16(const uint16_t *W, uint64_t rows, uint64_t cols,
                   const float *X, uint32_t T, float *Y);
 
-/* The same for an MXFP4 W (cols a multiple of 32), straight from the nibbles
- * and scales: no dequantized buffer. */
+/* The same for an MXFP4 W, straight from the nibbles and scales: no
+ * dequantized buffer. cols must be a multiple of 32 (not checked: the
+ * caller's shapes come from a validated manifest). */
 void k3_gemm_mx(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
                 const float *X, uint32_t T, float *Y);
 

@@ -92,8 +92,11 @@ typedef struct k3_st k3_st;
  * Shards are numbered in file-name order. Returns 0, K3_EFORMAT (bad header
  * or index, or they disagree), K3_ELIMIT, K3_ENOENT (no shards, a shard the
  * index names is missing, a tensor the index lists is missing), K3_EIO or
- * K3_ENOMEM; on error *out is NULL. Memory: about 200 bytes per tensor
- * (~100 MB for K3's 497,220 tensors). */
+ * K3_ENOMEM; on error *out is NULL. Memory: about 210 bytes per tensor
+ * (~106 MB for K3's 497,220 tensors). The index and the headers are parsed
+ * on up to OMP_NUM_THREADS threads (one when K3_FAULT is set); which error is
+ * reported does not depend on thread timing (index first, then shards in
+ * name order). */
 int k3_st_open(k3_st **out, const char *dir, unsigned flags, k3_err *e);
 void k3_st_close(k3_st *st);   /* accepts NULL */
 

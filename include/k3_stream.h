@@ -172,8 +172,8 @@ typedef struct k3_stream_run {
  * (trunk, experts), I/O wait share of the wall time, cache hit rate, peak
  * RSS against the budget. Several lines, each starting with prefix. */
 void k3_stream_report_print(const k3_stream_run *r, FILE *f, const char *prefix);
-/* The same as a cJSON object (caller owns it), NULL if out of memory. */
-struct cJSON;
-struct cJSON *k3_stream_report_json(const k3_stream_run *r);
+/* The same as one JSON object's text (heap, caller frees), NULL if out of
+ * memory. */
+char *k3_stream_report_json(const k3_stream_run *r);
 
 #endif

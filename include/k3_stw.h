@@ -83,6 +83,9 @@ typedef struct k3_stw_stream_opts {
     int direct;             /* write with O_DIRECT where the filesystem allows */
     k3_progress *progress;  /* may be NULL; gets the logical bytes done */
     volatile sig_atomic_t *cancel; /* may be NULL; nonzero stops with K3_EINTR */
+    /* May be NULL. When sparse, a chunk whose tensors all answer 1 here is
+     * skipped without calling fill: a fast path for huge mostly-hole files. */
+    int (*tensor_is_zero)(void *ctx, uint64_t i);
 } k3_stw_stream_opts;
 
 /* Write the whole file (header included) from fill, after begin. Memory use

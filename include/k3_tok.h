@@ -25,7 +25,8 @@
  * ids are tiktoken's on valid UTF-8, and decode(encode(x)) == x for all bytes x.
  *
  * Limits: tiktoken.model <= 64 MiB, <= 16,777,216 ranks, token <= 2048 bytes;
- * tokenizer_config.json <= 16 MiB, <= 65,536 specials, special <= 1024 bytes.
+ * tokenizer_config.json <= 16 MiB, <= 65,536 specials, special <= 1024 bytes,
+ * all specials together <= 1 MiB.
  *
  * Thread safety: a k3_tok is read-only after open and may be shared by threads
  * that each use their own outputs; a k3_tok_stream belongs to one thread.
@@ -46,6 +47,7 @@ typedef struct k3_tok_stream k3_tok_stream;
 #define K3_TOK_CONFIG_MAX_BYTES  (16ull << 20)
 #define K3_TOK_MAX_SPECIALS      65536u
 #define K3_TOK_MAX_SPECIAL_BYTES 1024u
+#define K3_TOK_MAX_SPECIAL_TOTAL (1u << 20) /* all specials' contents together */
 #define K3_TOK_MAX_EOS           4u
 
 /* Open the tokenizer in directory dir (tiktoken.model + tokenizer_config.json).
@@ -67,12 +69,23 @@ uint32_t k3_tok_vocab_size(const k3_tok *tok);
 /* Number of BPE ranks (ids below it are ordinary tokens). */
 uint32_t k3_tok_rank_count(const k3_tok *tok);
 
-/* Encode len bytes of text (any bytes; see invalid UTF-8 above). With
- * allow_special, occurrences of special-token contents become their ids (the
- * earliest occurrence first, the longest special at that position); without,
- * they are ordinary text. *ids is a heap array of *n ids the caller frees
- * (non-NULL even when *n == 0). */
-int k3_tok_encode(const k3_tok *tok, const char *text, uint64_t len, int allow_special,
+/* Flags of k3_tok_encode. */
+#define K3_TOK_ALLOW_SPECIAL 1u /* special-token contents in the text become their ids */
+#define K3_TOK_KIMI_SLICES   2u /* slice the text as Kimi's Python tokenizer wrapper does
+                                 * before calling tiktoken: windows of 400,000 characters,
+                                 * and runs of more than 25,000 characters that are all
+                                 * str.isspace() or all not are cut every 25,000; each
+                                 * slice is encoded on its own (runtime/TOKENIZER.md) */
+
+/* Encode len bytes of text (any bytes; see invalid UTF-8 above). flags is 0
+ * (plain tiktoken encode_ordinary) or a combination of K3_TOK_*; passing 1
+ * means K3_TOK_ALLOW_SPECIAL: occurrences of special-token contents become
+ * their ids (the earliest occurrence first, the longest special at that
+ * position); without it they are ordinary text. *ids is a heap array of *n
+ * ids the caller frees (non-NULL even when *n == 0). Working memory: 4 bytes
+ * per id plus 32 bytes per byte of the longest piece that is not itself a
+ * token. */
+int k3_tok_encode(const k3_tok *tok, const char *text, uint64_t len, unsigned flags,
                   uint32_t **ids, uint64_t *n, k3_err *e);
 
 /* Decode n ids into the exact bytes they stand for. *out is a heap buffer the

@@ -4,7 +4,9 @@
  *
  * Invariants: the path pointer is set exactly once by k3_kern_init (pthread
  * once) unless k3_kern_use changes it explicitly; a path is only ever chosen
- * when CPUID and the OS (XGETBV) say its registers are usable. Threads split
+ * when CPUID and the OS (XGETBV) say its registers are usable. The automatic
+ * choice is always a path that is bit-identical to ref.c (avx512, avx2,
+ * scalar); "avx512bf16" changes the numbers and is only ever chosen by name. Threads split
  * output rows into contiguous ranges; since every row is computed by the same
  * code whatever range it falls in, results do not depend on the thread count.
  * Inside an OpenMP parallel region the threaded forms run on the calling
@@ -77,6 +79,8 @@ const k3_kern_path *k3_kern_path_find(const char *isa)
         return c.avx2 ? &k3_kern_path_avx2 : NULL;
     if (!strcmp(isa, "avx512"))
         return c.avx512 ? &k3_kern_path_avx512 : NULL;
+    if (!strcmp(isa, "avx512bf16"))
+        return c.avx512bf16 ? &k3_kern_path_avx512bf16 : NULL;
     return NULL;
 }
 
@@ -100,10 +104,6 @@ static void init_once(void)
         if (forced) {
             p = forced;
             snprintf(g_name, sizeof g_name, "%s (K3_ISA)", p->name);
-        } else if (!strcmp(want, "avx512bf16") && cpu_caps_probe().avx512bf16) {
-            /* the bf16-dot path would change the numbers (activations rounded
-             * to bf16); it is not built, the exact avx512 path runs instead */
-            snprintf(g_name, sizeof g_name, "%s (K3_ISA=avx512bf16 not built)", p->name);
         } else {
             snprintf(g_name, sizeof g_name, "%s (K3_ISA=%.40s unavailable)", p->name, want);
         }

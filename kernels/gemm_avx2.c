@@ -6,10 +6,11 @@
  * tail (cols not a multiple of 32) goes through zero-padded copies and a blend
  * that leaves lanes past the end untouched, as ref.c does no fmaf for them.
  *
- * MXFP4 decode, 8 weights at a time: vpshufb puts the byte holding weight j in
- * dword j, vpsrlvd brings odd weights' high nibble down, vpermps looks up the
- * magnitude (low 3 bits) in the scaled 8-entry table, and bit 3 shifted to bit
- * 31 supplies the sign (so nibble 8 gives -0, exactly e2m1 * scale).
+ * MXFP4 decode, 8 weights at a time: vpsrlvd (after a vpshufb when T > 1)
+ * brings each weight's nibble to the bottom of a dword, vpermps looks up the
+ * magnitude (low 3 bits) in the group's row of k3_kern_mx_table8x, and one xor
+ * with the nibble shifted left by 28 restores the pre-xored bits and sets the
+ * sign from bit 3 (so nibble 8 gives -0, exactly e2m1 * scale as in ref.c).
  */
 #include "k3_kern.h"
 #include "kern_impl.h"
@@ -128,14 +129,14 @@ static void avx2_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
 
 /* ---- MXFP4 ---------------------------------------------------------------- */
 
+/* tab8 is a k3_kern_mx_table8x row: the xor with idx << 28 undoes its
+ * pre-xored bits 28..30 and supplies the sign from the nibble's bit 3. */
 AI __m256 mx_weights8(__m256i bytes, __m256i ctrl, __m256 tab8)
 {
     const __m256i shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
-    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
     __m256i idx = _mm256_srlv_epi32(_mm256_shuffle_epi8(bytes, ctrl), shift);
-    __m256 mag = _mm256_permutevar8x32_ps(tab8, idx);
-    __m256i sgn = _mm256_and_si256(_mm256_slli_epi32(idx, 28), sign);
-    return _mm256_xor_ps(mag, _mm256_castsi256_ps(sgn));
+    return _mm256_xor_ps(_mm256_permutevar8x32_ps(tab8, idx),
+                         _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
 
 AI void mx_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
@@ -150,7 +151,6 @@ AI void mx_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uin
         _mm256_or_si256(Z, _mm256_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11)),
         _mm256_or_si256(Z, _mm256_setr_epi32(12, 12, 13, 13, 14, 14, 15, 15)),
     };
-    const __m256 e2m1 = _mm256_loadu_ps(k3_kern_e2m1_table);
     uint64_t groups = cols / 32;
     __m256 acc[2][2][4];
     const float *x[2];
@@ -170,7 +170,7 @@ AI void mx_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uin
             uint8_t s = scales[(r + (uint64_t)i) * groups + g];
             if (s == 255)
                 continue;
-            __m256 tab8 = _mm256_mul_ps(e2m1, _mm256_set1_ps(k3_kern_e8m0(s)));
+            __m256 tab8 = _mm256_load_ps((const float *)k3_kern_mx_table8x[s]);
             const uint8_t *p = packed + (r + (uint64_t)i) * (cols / 2) + g * 16;
             __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
 #pragma GCC unroll 4
@@ -193,11 +193,95 @@ static void mx_tile_2x1(const uint8_t *packed, const uint8_t *scales, uint64_t r
 static void mx_tile_1x1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { mx_tile(packed, scales, rows, cols, X, Y, r, t0, 1, 1); }
 static void mx_tile_1x2(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { mx_tile(packed, scales, rows, cols, X, Y, r, t0, 1, 2); }
 
+/*
+ * T = 1 (decode-bound): as in gemm_avx512.c, the activation vector is
+ * permuted once per call so that weights come out of the cheapest decode in
+ * x's order: the group's 16 bytes broadcast to both 128-bit lanes, one
+ * vpsrlvd selecting nibble 2k+L (L = lane) of dword m, i.e. element
+ * 2*(4m + k) + L, for vector k = 0..3 and dword j = 4L + m. Accumulators are
+ * put back into contract lane order through a 32-float array before the fold.
+ */
+#define MX_T1_MAX_COLS 8192
+
+static uint8_t mx_t1_elem(int k, int j) /* element of vector k, dword j */
+{
+    return (uint8_t)(2 * (4 * (j % 4) + k) + j / 4);
+}
+
+AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
+                   const float *xp, float *Y, uint64_t r, const int R)
+{
+    const __m256i sh[4] = {
+        _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4), _mm256_setr_epi32(8, 8, 8, 8, 12, 12, 12, 12),
+        _mm256_setr_epi32(16, 16, 16, 16, 20, 20, 20, 20), _mm256_setr_epi32(24, 24, 24, 24, 28, 28, 28, 28),
+    };
+    uint64_t groups = cols / 32;
+    __m256 acc[2][4];
+    const uint8_t *p[2], *sc[2];
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++) {
+        for (int k = 0; k < 4; k++)
+            acc[i][k] = _mm256_setzero_ps();
+        p[i] = packed + (r + (uint64_t)i) * (cols / 2);
+        sc[i] = scales + (r + (uint64_t)i) * groups;
+    }
+    for (uint64_t g = 0; g < groups; g++) {
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) {
+            uint8_t s = sc[i][g];
+            if (s == 255)
+                continue;
+            __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p[i] + g * 16)));
+            __m256 tab8 = _mm256_load_ps((const float *)k3_kern_mx_table8x[s]);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m256i idx = _mm256_srlv_epi32(v, sh[k]);
+                __m256 w = _mm256_xor_ps(_mm256_permutevar8x32_ps(tab8, idx),
+                                         _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+                acc[i][k] = _mm256_fmadd_ps(w, _mm256_load_ps(xp + g * 32 + 8 * k), acc[i][k]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++) {
+        float lanes[32], perm[32];
+        for (int k = 0; k < 4; k++)
+            _mm256_storeu_ps(perm + 8 * k, acc[i][k]);
+        for (int k = 0; k < 4; k++)
+            for (int j = 0; j < 8; j++)
+                lanes[mx_t1_elem(k, j)] = perm[8 * k + j];
+        __m256 nat[4];
+        for (int k = 0; k < 4; k++)
+            nat[k] = _mm256_loadu_ps(lanes + 8 * k);
+        Y[r + (uint64_t)i] = fold32(nat);
+    }
+}
+
+static void mx_t1_2(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, 2); }
+static void mx_t1_1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, 1); }
+
+static void mx_t1_permute_x(const float *x, uint64_t cols, float *xp)
+{
+    for (uint64_t c = 0; c < cols; c += 32)
+        for (int k = 0; k < 4; k++)
+            for (int j = 0; j < 8; j++)
+                xp[c + 8 * (uint64_t)k + (uint64_t)j] = x[c + mx_t1_elem(k, j)];
+}
+
 static void avx2_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, uint64_t rows,
                               uint64_t cols, const float *X, uint32_t T, float *Y,
                               uint64_t r0, uint64_t r1)
 {
     uint64_t r = r0;
+    if (T == 1 && cols <= MX_T1_MAX_COLS) {
+        _Alignas(32) float xp[MX_T1_MAX_COLS];
+        mx_t1_permute_x(X, cols, xp);
+        for (; r + 2 <= r1; r += 2)
+            mx_t1_2(packed, scales, rows, cols, xp, Y, r);
+        for (; r < r1; r++)
+            mx_t1_1(packed, scales, rows, cols, xp, Y, r);
+        return;
+    }
     if (T == 1) {
         for (; r + 2 <= r1; r += 2)
             mx_tile_2x1(packed, scales, rows, cols, X, Y, r, 0);

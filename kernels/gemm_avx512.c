@@ -70,8 +70,17 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
     for (int j = 0; j < TB; j++)
         x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;
 
+    /* the next block of R rows (contiguous) is fetched while this one runs:
+     * R lines of it per 32 columns, on the first pass over these rows only */
+    const char *pf = NULL;
+    if (t0 == 0 && R >= 2 && r + 2 * (uint64_t)R <= rows)
+        pf = (const char *)(W + (r + (uint64_t)R) * cols);
     uint64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
+        if (pf)
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++)
+                _mm_prefetch(pf + (c / 32 * (uint64_t)R + (uint64_t)i) * 64, _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
             __m512 w0 = bf16x16(w[i] + c), w1 = bf16x16(w[i] + c + 16);
@@ -113,6 +122,8 @@ static void bf16_tile_2x4(const uint16_t *W, uint64_t rows, uint64_t cols, const
 static void bf16_tile_2x3(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 3); }
 static void bf16_tile_2x2(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 2); }
 static void bf16_tile_2x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 1); }
+static void bf16_tile_4x3(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 4, 3); }
+static void bf16_tile_4x2(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 4, 2); }
 static void bf16_tile_1x4(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 4); }
 static void bf16_tile_1x3(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 3); }
 static void bf16_tile_1x2(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 2); }
@@ -132,6 +143,12 @@ static void avx512_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t col
             bf16_tile_1x1(W, rows, cols, X, Y, r, 0);
         return;
     }
+    /* 4 rows x 3 vectors: 24 accumulators; each x load feeds 4 FMAs, which
+     * keeps the L2 traffic for x (T*cols*4 bytes, past L1) affordable */
+    static const bf16_tile_fn four[4] = {0, bf16_tile_4x1, bf16_tile_4x2, bf16_tile_4x3};
+    for (; r + 4 <= r1; r += 4)
+        for (uint32_t t = 0; t < T; t += 3)
+            four[T - t >= 3 ? 3 : T - t](W, rows, cols, X, Y, r, t);
     for (; r + 2 <= r1; r += 2)
         for (uint32_t t = 0; t < T; t += 4)
             two[T - t >= 4 ? 4 : T - t](W, rows, cols, X, Y, r, t);
@@ -181,18 +198,28 @@ AI void mx_decode_shuf(const uint8_t *p, __m512 tab, __m512 *w0, __m512 *w1)
     uint64_t groups = cols / 32;                                                          \
     __m512 acc[4][4][2];                                                                  \
     const float *x[4];                                                                    \
-    const __m512 e2m1 = _mm512_loadu_ps(k3_kern_e2m1_table);                              \
     _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)                                   \
         _Pragma("GCC unroll 4") for (int j = 0; j < TB; j++)                              \
             acc[i][j][0] = acc[i][j][1] = _mm512_setzero_ps();                            \
     _Pragma("GCC unroll 4") for (int j = 0; j < TB; j++)                                  \
         x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;                                   \
+    const char *pf = NULL;                                                                \
+    if (t0 == 0 && R >= 2 && r + 2 * (uint64_t)R <= rows)                                 \
+        pf = (const char *)(packed + (r + (uint64_t)R) * (cols / 2));                     \
     for (uint64_t g = 0; g < groups; g++) {                                               \
+        /* next R rows: R*16 bytes per group; their scales at the start */                \
+        if (pf) {                                                                         \
+            if ((g * (uint64_t)R * 16) % 64 == 0)                                         \
+                _mm_prefetch(pf + g * (uint64_t)R * 16, _MM_HINT_T0);                     \
+            if (g * 64 < (uint64_t)R * groups)                                            \
+                _mm_prefetch((const char *)(scales + (r + (uint64_t)R) * groups) + g * 64, \
+                             _MM_HINT_T0);                                                \
+        }                                                                                 \
         _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) {                             \
             uint8_t s = scales[(r + (uint64_t)i) * groups + g];                           \
             if (s == 255)                                                                 \
                 continue;                                                                 \
-            __m512 tab = _mm512_mul_ps(e2m1, _mm512_set1_ps(k3_kern_e8m0(s)));            \
+            __m512 tab = _mm512_load_ps(k3_kern_mx_table[s]);                             \
             __m512 w0, w1;                                                                \
             DECODE(packed + (r + (uint64_t)i) * (cols / 2) + g * 16, tab, &w0, &w1);      \
             _Pragma("GCC unroll 4") for (int j = 0; j < TB; j++) {                        \
@@ -275,12 +302,105 @@ static const struct mx_tiles *mx_tiles_pick(void)
     return p;
 }
 
+
+/*
+ * T = 1: the weight decode is the bottleneck (memory would deliver more), so
+ * the activation vector is first permuted once per call (on the stack) into
+ * the order in which the cheapest decode yields weights: a 16-byte group
+ * broadcast to the four 128-bit lanes, one vpsrlvd per 16 weights selecting
+ * byte 4*(j%4) + j/4 and its low or high nibble for dword j, one vpermps from
+ * the per-scale table in memory. acc[0] holds the even elements, acc[1] the
+ * odd ones, each in that byte order; the two are put back into contract lane
+ * order (vpermt2ps) before the fold. Per group: 2 shifts, 2 lookups, 2 FMAs.
+ */
+#define MX_T1_MAX_COLS 8192
+
+AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
+                   const float *xp, float *Y, uint64_t r, uint64_t r_end, const int R)
+{
+    /* Rows are only cols/2 bytes long, so four interleaved short streams
+     * defeat the hardware prefetchers: fetch the next block of R rows (R
+     * lines of packed bytes per group here when R = 4, its scales in the first
+     * groups) while this one is decoded. */
+    const char *pf_p = NULL, *pf_s = NULL;
+    uint64_t pf_s_bytes = 0;
+    if (R == 4 && r + 2 * (uint64_t)R <= r_end) {
+        pf_p = (const char *)(packed + (r + (uint64_t)R) * (cols / 2));
+        pf_s = (const char *)(scales + (r + (uint64_t)R) * (cols / 32));
+        pf_s_bytes = (uint64_t)R * (cols / 32);
+    }
+    const __m512i sh_e = _mm512_set_epi32(24, 24, 24, 24, 16, 16, 16, 16, 8, 8, 8, 8, 0, 0, 0, 0);
+    const __m512i sh_o = _mm512_set_epi32(28, 28, 28, 28, 20, 20, 20, 20, 12, 12, 12, 12, 4, 4, 4, 4);
+    const __m512i un_lo = _mm512_set_epi32(29, 13, 25, 9, 21, 5, 17, 1, 28, 12, 24, 8, 20, 4, 16, 0);
+    const __m512i un_hi = _mm512_set_epi32(31, 15, 27, 11, 23, 7, 19, 3, 30, 14, 26, 10, 22, 6, 18, 2);
+    uint64_t groups = cols / 32;
+    __m512 acc[4][2];
+    const uint8_t *p[4], *sc[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        p[i] = packed + (r + (uint64_t)i) * (cols / 2);
+        sc[i] = scales + (r + (uint64_t)i) * groups;
+    }
+    for (uint64_t g = 0; g < groups; g++) {
+        if (pf_p) {
+            _mm_prefetch(pf_p + g * 64, _MM_HINT_T0);
+            if (g * 64 < pf_s_bytes)
+                _mm_prefetch(pf_s + g * 64, _MM_HINT_T0);
+        }
+        __m512 xe = _mm512_load_ps(xp + g * 32), xo = _mm512_load_ps(xp + g * 32 + 16);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            uint8_t s = sc[i][g];
+            if (s == 255)
+                continue;
+            __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(p[i] + g * 16)));
+            __m512 tab = _mm512_load_ps(k3_kern_mx_table[s]);
+            __m512 we = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, sh_e), tab);
+            __m512 wo = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, sh_o), tab);
+            acc[i][0] = _mm512_fmadd_ps(we, xe, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(wo, xo, acc[i][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        __m512 lo = _mm512_permutex2var_ps(acc[i][0], un_lo, acc[i][1]);
+        __m512 hi = _mm512_permutex2var_ps(acc[i][0], un_hi, acc[i][1]);
+        Y[r + (uint64_t)i] = fold32(lo, hi);
+    }
+}
+
+static void mx_t1_4(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 4); }
+static void mx_t1_1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 1); }
+
+/* xp = x with each group of 32 reordered: 16 even elements then 16 odd ones,
+ * element 2*(4*(j%4) + j/4) (+1) at position j. */
+static void mx_t1_permute_x(const float *x, uint64_t cols, float *xp)
+{
+    const __m512i pe = _mm512_set_epi32(30, 22, 14, 6, 28, 20, 12, 4, 26, 18, 10, 2, 24, 16, 8, 0);
+    const __m512i po = _mm512_add_epi32(pe, _mm512_set1_epi32(1));
+    for (uint64_t c = 0; c < cols; c += 32) {
+        __m512 a = _mm512_loadu_ps(x + c), b = _mm512_loadu_ps(x + c + 16);
+        _mm512_store_ps(xp + c, _mm512_permutex2var_ps(a, pe, b));
+        _mm512_store_ps(xp + c + 16, _mm512_permutex2var_ps(a, po, b));
+    }
+}
+
 static void avx512_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, uint64_t rows,
                                 uint64_t cols, const float *X, uint32_t T, float *Y,
                                 uint64_t r0, uint64_t r1)
 {
     const struct mx_tiles *k = mx_tiles_pick();
     uint64_t r = r0;
+    if (T == 1 && cols <= MX_T1_MAX_COLS) {
+        _Alignas(64) float xp[MX_T1_MAX_COLS];
+        mx_t1_permute_x(X, cols, xp);
+        for (; r + 4 <= r1; r += 4)
+            mx_t1_4(packed, scales, rows, cols, xp, Y, r, r1);
+        for (; r < r1; r++)
+            mx_t1_1(packed, scales, rows, cols, xp, Y, r, r1);
+        return;
+    }
     if (T == 1) {
         for (; r + 4 <= r1; r += 4)
             k->t4x1(packed, scales, rows, cols, X, Y, r, 0);

@@ -29,6 +29,8 @@ typedef struct k3_kern_path {
 extern const k3_kern_path k3_kern_path_scalar;
 extern const k3_kern_path k3_kern_path_avx2;
 extern const k3_kern_path k3_kern_path_avx512;
+/* opt-in, not bit-identical: bf16 products with activations rounded to bf16 */
+extern const k3_kern_path k3_kern_path_avx512bf16;
 
 /* The path in use (k3_kern_init has run). */
 const k3_kern_path *k3_kern_path_current(void);
@@ -37,6 +39,16 @@ const k3_kern_path *k3_kern_path_find(const char *isa);
 
 /* The 16 E2M1 values in nibble order (bit 3 = sign, so entry 8 is -0). */
 extern const float k3_kern_e2m1_table[16];
+
+/* k3_kern_mx_table[s][n] = e2m1(n) * 2^(s-127), the exact ref.c weight, for
+ * every scale byte (row 255 is all zero; such groups are skipped anyway).
+ * Filled before main by a constructor in ref.c (plain C, no ISA flags), so
+ * the paths look weights up with one load instead of a multiply. 16 KiB. */
+extern float k3_kern_mx_table[256][16];
+/* For 8-entry lookups (AVX2 vpermps): entry m (0..7) of k3_kern_mx_table[s]
+ * with bits 28..30 xored with m, so that xoring the looked-up value with
+ * (nibble << 28) restores those bits and sets the sign from bit 3 in one op. */
+extern uint32_t k3_kern_mx_table8x[256][8];
 
 /* 2^(s-127) built from its bits (s = 0 is the subnormal 2^-127); 0 for 255.
  * Same values as k3_e8m0_scale, inline for the per-group step of the paths. */

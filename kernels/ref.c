@@ -91,6 +91,19 @@ const float k3_kern_e2m1_table[16] = {
     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f,
 };
 
+_Alignas(64) float k3_kern_mx_table[256][16];
+_Alignas(32) uint32_t k3_kern_mx_table8x[256][8];
+
+__attribute__((constructor)) static void mx_table_fill(void)
+{
+    for (int s = 0; s < 256; s++)
+        for (int n = 0; n < 16; n++)
+            k3_kern_mx_table[s][n] = k3_kern_e2m1_table[n] * k3_kern_e8m0((uint8_t)s);
+    for (int s = 0; s < 256; s++)
+        for (uint32_t m = 0; m < 8; m++)
+            k3_kern_mx_table8x[s][m] = f32_bits(k3_kern_mx_table[s][m]) ^ (m << 28);
+}
+
 float k3_e2m1_value(uint8_t nibble)
 {
     return k3_kern_e2m1_table[nibble & 0xfu];

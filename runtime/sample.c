@@ -79,18 +79,49 @@ void k3_sampler_free(k3_sampler *s)
     free(s);
 }
 
-/* z descending, then id ascending; NaN sorts last. */
-static int cmp_desc(const void *a, const void *b, void *ctx)
+/* 1 if id x comes before id y: z descending, then id ascending; NaN last.
+ * A strict total order, so the sorted result does not depend on the
+ * algorithm. */
+static int before(const float *z, uint32_t x, uint32_t y)
 {
-    const float *z = ctx;
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     float zx = z[x], zy = z[y];
     int nx = zx != zx, ny = zy != zy;
     if (nx != ny)
-        return nx - ny;
+        return ny;
     if (!nx && zx != zy)
-        return zx > zy ? -1 : 1;
-    return x < y ? -1 : x > y;
+        return zx > zy;
+    return x < y;
+}
+
+static void sift_down(uint32_t *a, uint32_t n, uint32_t i, const float *z)
+{
+    for (;;) {
+        uint32_t c = 2 * i + 1;
+        if (c >= n)
+            return;
+        /* a max-heap of "after": the root is the id that comes last */
+        if (c + 1 < n && before(z, a[c], a[c + 1]))
+            c++;
+        if (!before(z, a[i], a[c]))
+            return;
+        uint32_t t = a[i];
+        a[i] = a[c];
+        a[c] = t;
+        i = c;
+    }
+}
+
+/* In-place heapsort (no allocation, unlike qsort). */
+static void sort_ids(uint32_t *a, uint32_t n, const float *z)
+{
+    for (uint32_t i = n / 2; i-- > 0;)
+        sift_down(a, n, i, z);
+    for (uint32_t end = n; end > 1; end--) {
+        uint32_t t = a[0];
+        a[0] = a[end - 1];
+        a[end - 1] = t;
+        sift_down(a, end - 1, 0, z);
+    }
 }
 
 uint32_t k3_sampler_next(k3_sampler *s, const float *logits)
@@ -108,7 +139,7 @@ uint32_t k3_sampler_next(k3_sampler *s, const float *logits)
         s->idx[i] = i;
     }
     uint32_t n = V;
-    qsort_r(s->idx, V, sizeof *s->idx, cmp_desc, s->z);
+    sort_ids(s->idx, V, s->z);
     if (s->top_k && s->top_k < n)
         n = s->top_k;
     const float zmax = s->z[s->idx[0]];

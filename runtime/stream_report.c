@@ -72,7 +72,7 @@ static cJSON *phase_json(const phase *p)
     return o;
 }
 
-cJSON *k3_stream_report_json(const k3_stream_run *r)
+static cJSON *report_obj(const k3_stream_run *r)
 {
     phase p, d;
     phases(r, &p, &d);
@@ -108,4 +108,12 @@ cJSON *k3_stream_report_json(const k3_stream_run *r)
     cJSON_AddNumberToObject(o, "ring_drops", (double)r->end.ring_drops);
     cJSON_AddNumberToObject(o, "peak_rss", (double)r->peak_rss);
     return o;
+}
+
+char *k3_stream_report_json(const k3_stream_run *r)
+{
+    cJSON *o = report_obj(r);
+    char *t = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return t;
 }

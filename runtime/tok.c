@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "k3_io.h"
+#include "k3_unicode_tables.h"
 #include "tok_int.h"
 
 struct special {
@@ -28,6 +29,14 @@ struct short_ent {
     uint64_t key;   /* the bytes, zero padded */
     uint32_t rank1; /* rank + 1; 0 = empty */
     uint32_t len;
+};
+
+/* A trie node: its byte, first child and next sibling (0 = none; node 0 is
+ * the root and never a child), and the special ending here (-1 = none). */
+struct trie_node {
+    uint32_t first_child, next_sibling;
+    int32_t special;
+    uint8_t byte;
 };
 
 struct k3_tok {
@@ -49,6 +58,8 @@ struct k3_tok {
     uint8_t *special_bytes;
     int32_t *special_of_id;        /* vocab - n_ranks entries: index or -1 */
     uint32_t first_lo[257];        /* specials[first_lo[b] .. first_lo[b+1]) start with b */
+    struct trie_node *trie;        /* the specials' contents as a byte trie, node 0 the root */
+    uint32_t trie_root[256];       /* root's child for each first byte, 0 = none */
 
     uint32_t eos[K3_TOK_MAX_EOS];
     uint32_t n_eos;
@@ -457,13 +468,19 @@ static int load_config(k3_tok *tok, const char *path, k3_err *e)
             goto out;
         }
         total += cl;
+        if (total > K3_TOK_MAX_SPECIAL_TOTAL) {
+            rc = k3_err_set(e, K3_ELIMIT, "%s: added tokens hold more than %u bytes in all", path,
+                            K3_TOK_MAX_SPECIAL_TOTAL);
+            goto out;
+        }
         if (id + 1 > tok->vocab)
             tok->vocab = (uint32_t)id + 1;
     }
     tok->specials = calloc(n ? n : 1, sizeof *tok->specials);
     tok->special_bytes = malloc(total ? total : 1);
     tok->special_of_id = malloc((uint64_t)(tok->vocab - tok->n_ranks + 1) * sizeof *tok->special_of_id);
-    if (!tok->specials || !tok->special_bytes || !tok->special_of_id) {
+    tok->trie = calloc(total + 1, sizeof *tok->trie); /* at most one node per content byte */
+    if (!tok->specials || !tok->special_bytes || !tok->special_of_id || !tok->trie) {
         rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory for %u added tokens", path, n);
         goto out;
     }
@@ -503,6 +520,29 @@ static int load_config(k3_tok *tok, const char *path, k3_err *e)
         while (i < tok->n_special && tok->specials[i].s[0] < b)
             i++;
         tok->first_lo[b] = i;
+    }
+    uint32_t nodes = 1;
+    tok->trie[0].special = -1;
+    for (uint32_t i = 0; i < tok->n_special; i++) {
+        const struct special *sp = &tok->specials[i];
+        uint32_t node = 0;
+        for (uint32_t k = 0; k < sp->len; k++) {
+            uint32_t c = node ? tok->trie[node].first_child : tok->trie_root[sp->s[k]];
+            while (c && tok->trie[c].byte != sp->s[k])
+                c = tok->trie[c].next_sibling;
+            if (!c) {
+                c = nodes++;
+                tok->trie[c] = (struct trie_node){0, 0, -1, sp->s[k]};
+                if (node) {
+                    tok->trie[c].next_sibling = tok->trie[node].first_child;
+                    tok->trie[node].first_child = c;
+                } else {
+                    tok->trie_root[sp->s[k]] = c;
+                }
+            }
+            node = c;
+        }
+        tok->trie[node].special = (int32_t)i;
     }
     /* eos / bos */
     static const char *const fields[2] = {"eos_token", "bos_token"};
@@ -587,6 +627,7 @@ void k3_tok_close(k3_tok *tok)
     free(tok->specials);
     free(tok->special_bytes);
     free(tok->special_of_id);
+    free(tok->trie);
     free(tok);
 }
 
@@ -830,39 +871,102 @@ static const struct special *find_special(const k3_tok *tok, const uint8_t *s, u
                                           uint64_t *at)
 {
     for (uint64_t i = from; i < len; i++) {
-        uint8_t b = s[i];
-        for (uint32_t k = tok->first_lo[b]; k < tok->first_lo[b + 1]; k++) {
-            const struct special *sp = &tok->specials[k];
-            if (sp->len <= len - i && memcmp(sp->s, s + i, sp->len) == 0) {
-                *at = i;
-                return sp;
-            }
+        uint32_t node = tok->trie_root[s[i]];
+        int32_t best = -1;
+        for (uint64_t j = i + 1; node; j++) {
+            if (tok->trie[node].special >= 0)
+                best = tok->trie[node].special;
+            if (j == len)
+                break;
+            uint32_t c = tok->trie[node].first_child;
+            while (c && tok->trie[c].byte != s[j])
+                c = tok->trie[c].next_sibling;
+            node = c;
+        }
+        if (best >= 0) {
+            *at = i;
+            return &tok->specials[best];
         }
     }
     return NULL;
 }
 
-int k3_tok_encode(const k3_tok *tok, const char *text, uint64_t len, int allow_special, uint32_t **ids,
+/* s[0..len) as tiktoken's encode does: specials (if allowed) between
+ * ordinarily encoded stretches. */
+static int encode_slice(const k3_tok *tok, const uint8_t *s, uint64_t len, int allow_special, struct enc *en,
+                        k3_err *e)
+{
+    uint64_t pos = 0;
+    int rc = 0;
+    while (rc == 0 && pos < len) {
+        uint64_t at = len;
+        const struct special *sp = allow_special && tok->n_special ? find_special(tok, s, len, pos, &at) : NULL;
+        rc = encode_ordinary(tok, s + pos, at - pos, en, e);
+        if (rc == 0 && sp) {
+            rc = enc_reserve(en, 1, e);
+            if (rc == 0)
+                en->ids[en->n++] = sp->id;
+            at += sp->len;
+        }
+        pos = at;
+    }
+    return rc;
+}
+
+#define KIMI_WINDOW_CHARS 400000u
+#define KIMI_RUN_CHARS    25000u
+
+/* Kimi's wrapper: windows of KIMI_WINDOW_CHARS characters; inside each, a
+ * slice ends before the character that would make the current run of
+ * all-space or all-non-space characters longer than KIMI_RUN_CHARS. An
+ * invalid byte is one non-space character (as its U+FFFD would be). */
+static int encode_kimi_slices(const k3_tok *tok, const uint8_t *s, uint64_t len, int allow_special,
+                              struct enc *en, k3_err *e)
+{
+    uint64_t start = 0, i = 0, window = 0, run = 0;
+    int cur = -1, rc = 0;
+    while (rc == 0 && i < len) {
+        if (window == KIMI_WINDOW_CHARS) {
+            rc = encode_slice(tok, s + start, i - start, allow_special, en, e);
+            start = i;
+            window = 0;
+            cur = -1;
+            continue;
+        }
+        uint32_t cp;
+        unsigned l = k3_tok_utf8_next(s, len, i, &cp);
+        int space = (k3_tok_class(cp) & K3_UC_PYSPACE) != 0;
+        if (cur != space) {
+            cur = space;
+            run = 1;
+        } else if (++run > KIMI_RUN_CHARS) {
+            rc = encode_slice(tok, s + start, i - start, allow_special, en, e);
+            start = i;
+            run = 1;
+        }
+        window++;
+        i += l;
+    }
+    if (rc == 0)
+        rc = encode_slice(tok, s + start, len - start, allow_special, en, e);
+    return rc;
+}
+
+int k3_tok_encode(const k3_tok *tok, const char *text, uint64_t len, unsigned flags, uint32_t **ids,
                   uint64_t *n, k3_err *e)
 {
     *ids = NULL;
     *n = 0;
     const uint8_t *s = (const uint8_t *)text;
     struct enc en = {0};
-    int rc = enc_reserve(&en, len / 3 + 16, e);
-    uint64_t pos = 0;
-    while (rc == 0 && pos < len) {
-        uint64_t at = len;
-        const struct special *sp = allow_special && tok->n_special ? find_special(tok, s, len, pos, &at) : NULL;
-        rc = encode_ordinary(tok, s + pos, at - pos, &en, e);
-        if (rc == 0 && sp) {
-            rc = enc_reserve(&en, 1, e);
-            if (rc == 0)
-                en.ids[en.n++] = sp->id;
-            at += sp->len;
-        }
-        pos = at;
-    }
+    int allow = (flags & K3_TOK_ALLOW_SPECIAL) != 0;
+    /* about one id per 3-4 bytes of text; grown by doubling past 1M ids */
+    int rc = enc_reserve(&en, len / 3 < (1u << 20) ? len / 3 + 16 : (1u << 20), e);
+    if (rc == 0 && (flags & ~(K3_TOK_ALLOW_SPECIAL | K3_TOK_KIMI_SLICES)))
+        rc = k3_err_set(e, K3_EARG, "tokenizer: unknown encode flags 0x%x", flags);
+    if (rc == 0)
+        rc = (flags & K3_TOK_KIMI_SLICES) ? encode_kimi_slices(tok, s, len, allow, &en, e)
+                                          : encode_slice(tok, s, len, allow, &en, e);
     free(en.scratch);
     if (rc) {
         free(en.ids);

@@ -23,7 +23,7 @@
 #include "k3_unicode_tables.h"
 #include "tok_int.h"
 
-unsigned k3_tok_utf8_next(const uint8_t *s, uint64_t n, uint64_t i, uint32_t *cp)
+static inline unsigned utf8_next(const uint8_t *s, uint64_t n, uint64_t i, uint32_t *cp)
 {
     uint8_t b = s[i];
     if (b < 0x80) {
@@ -70,6 +70,11 @@ unsigned k3_tok_utf8_next(const uint8_t *s, uint64_t n, uint64_t i, uint32_t *cp
     return need;
 }
 
+unsigned k3_tok_utf8_next(const uint8_t *s, uint64_t n, uint64_t i, uint32_t *cp)
+{
+    return utf8_next(s, n, i, cp);
+}
+
 unsigned k3_tok_utf8_incomplete_tail(const uint8_t *s, uint64_t n)
 {
     for (uint64_t back = 1; back <= 3 && back <= n; back++) {
@@ -91,11 +96,16 @@ unsigned k3_tok_utf8_incomplete_tail(const uint8_t *s, uint64_t n)
     return 0;
 }
 
-unsigned k3_tok_class(uint32_t cp)
+static inline unsigned uclass(uint32_t cp)
 {
     if (cp >= 0x110000u)
         return 0;
     return k3_uc_stage2[(uint32_t)k3_uc_stage1[cp >> 8] * 256u + (cp & 0xFFu)];
+}
+
+unsigned k3_tok_class(uint32_t cp)
+{
+    return uclass(cp);
 }
 
 struct ch {
@@ -112,8 +122,14 @@ static inline void at(const uint8_t *s, uint64_t n, uint64_t i, struct ch *c)
         c->len = 0;
         return;
     }
-    c->len = k3_tok_utf8_next(s, n, i, &c->cp);
-    c->cls = k3_tok_class(c->cp);
+    if (s[i] < 0x80) { /* ASCII: block 0 of the table, no decoding */
+        c->cp = s[i];
+        c->cls = k3_uc_stage2[(uint32_t)k3_uc_stage1[0] * 256u + s[i]];
+        c->len = 1;
+        return;
+    }
+    c->len = utf8_next(s, n, i, &c->cp);
+    c->cls = uclass(c->cp);
 }
 
 #define IS_L(c)  ((c)->cls & (K3_UC_LU | K3_UC_LL | K3_UC_LMO))

@@ -6,6 +6,8 @@
 #   Scripts.txt      Script=Han (the Script property, not Script_Extensions)
 #   PropList.txt     White_Space (what the regex engine means by \s)
 #   CaseFolding.txt  simple case folding (statuses C and S), for (?i:'s|'t|...)
+# and PYSPACE, Python's str.isspace() (general category Zs, or bidirectional
+# class WS, B or S), which Kimi's tokenizer wrapper slices long runs by.
 # Output: a two-stage table (code point >> 8 -> block, block[cp & 255] -> bits),
 # identical blocks shared, and the list of non-ASCII code points that fold to
 # one of the contraction letters. Usage: tok_unicode_gen.py UCD_DIR OUT.h
@@ -13,7 +15,7 @@ import sys
 
 ucd, out = sys.argv[1], sys.argv[2]
 N_CP = 0x110000
-LU, LL, LMO, M, NUM, HAN, WS = 1, 2, 4, 8, 16, 32, 64
+LU, LL, LMO, M, NUM, HAN, WS, PYSPACE = 1, 2, 4, 8, 16, 32, 64, 128
 bits = bytearray(N_CP)
 
 def ranges(path, want):
@@ -41,8 +43,10 @@ with open(ucd + "/UnicodeData.txt", encoding="utf-8") as f:
         fld = line.rstrip("\n").split(";")
         if len(fld) < 3:
             continue
-        cp, name, cat = int(fld[0], 16), fld[1], fld[2]
+        cp, name, cat, bidi = int(fld[0], 16), fld[1], fld[2], fld[4]
         b = cat_bits.get(cat, 0)
+        if cat == "Zs" or bidi in ("WS", "B", "S"):
+            b |= PYSPACE
         if name.endswith(", First>"):
             first = cp
             continue
@@ -57,7 +61,7 @@ for lo, hi in ranges(ucd + "/Scripts.txt", {"Han"}):
 for lo, hi in ranges(ucd + "/PropList.txt", {"White_Space"}):
     for c in range(lo, hi + 1):
         bits[c] |= WS
-if n_assigned < 100000 or not bits[0x4E00] & HAN or not bits[0x20] & WS:
+if n_assigned < 100000 or not bits[0x4E00] & HAN or not bits[0x20] & WS or not bits[0x1C] & PYSPACE:
     sys.exit("tok_unicode_gen: %s does not look like the Unicode Character Database" % ucd)
 
 letters = "strevmld"
@@ -97,6 +101,7 @@ o.append("#define K3_UC_M   %d /* Mn, Mc, Me */" % M)
 o.append("#define K3_UC_N   %d /* Nd, Nl, No */" % NUM)
 o.append("#define K3_UC_HAN %d /* Script=Han */" % HAN)
 o.append("#define K3_UC_WS  %d /* White_Space */" % WS)
+o.append("#define K3_UC_PYSPACE %d /* Python str.isspace(): Zs, or bidi WS, B, S */" % PYSPACE)
 o.append("#define K3_UC_NBLOCKS %d" % len(blocks))
 o.append("static const uint16_t k3_uc_stage1[%d] = {" % len(index))
 for i in range(0, len(index), 16):

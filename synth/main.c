@@ -8,6 +8,8 @@
 
 #include "k3_kern.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -18,9 +20,6 @@
 
 #define K3_SYNTH_VERSION "0.1.0"
 
-/* Weak so the tool links before the kernels module exists; --version then
- * says the kernel choice is unknown. */
-extern const char *k3_kern_name(void) __attribute__((weak));
 
 static volatile sig_atomic_t interrupted;
 
@@ -136,7 +135,7 @@ int main(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--version")) {
-            printf("k3-synth %s (kernels: %s)\n", K3_SYNTH_VERSION, k3_kern_name ? k3_kern_name() : "unknown");
+            printf("k3-synth %s (kernels: %s)\n", K3_SYNTH_VERSION, k3_kern_name());
             return 0;
         } else if (!strcmp(a, "--preset")) {
             NEED_VALUE();
@@ -267,12 +266,24 @@ int main(int argc, char **argv)
         free(d);
         return die(k3_err_exit_status(rc), "%s", e.msg);
     }
-    if (json)
-        printf("{\"dst\":\"%s\",\"preset\":\"%s\",\"seed\":%" PRIu64 ",\"tensors\":%" PRIu64 ",\"shards\":%" PRIu64
-               ",\"logical_bytes\":%" PRIu64 ",\"written_bytes\":%" PRIu64 ",\"ranks\":%" PRIu64
-               ",\"vocab\":%" PRIu64 ",\"seconds\":%.3f}\n",
-               d, o.m.preset, seed, r.tensors, r.shards, r.logical_bytes, r.written_bytes, r.ranks, r.vocab,
-               r.seconds);
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "dst", d);
+        cJSON_AddStringToObject(j, "preset", o.m.preset);
+        cJSON_AddNumberToObject(j, "seed", (double)seed);
+        cJSON_AddNumberToObject(j, "tensors", (double)r.tensors);
+        cJSON_AddNumberToObject(j, "shards", (double)r.shards);
+        cJSON_AddNumberToObject(j, "logical_bytes", (double)r.logical_bytes);
+        cJSON_AddNumberToObject(j, "written_bytes", (double)r.written_bytes);
+        cJSON_AddNumberToObject(j, "ranks", (double)r.ranks);
+        cJSON_AddNumberToObject(j, "vocab", (double)r.vocab);
+        cJSON_AddNumberToObject(j, "seconds", r.seconds);
+        char *txt = cJSON_PrintUnformatted(j);
+        if (txt)
+            printf("%s\n", txt);
+        free(txt);
+        cJSON_Delete(j);
+    }
     else if (!quiet)
         printf("%s: %" PRIu64 " tensors in %" PRIu64 " shards, %" PRIu64 " bytes (%" PRIu64
                " written), vocab %" PRIu64 " (%" PRIu64 " ranks), %.1f s\n",

@@ -96,7 +96,7 @@ int k3_synth_preset(k3_synth_opts *o, const char *name, uint32_t layers, uint32_
         m->vocab = 163840;
         o->nested = 1;
         o->vec_dtype = K3_SYNTH_VEC_REAL;
-        o->shard_size = 16000ull << 20;
+        o->shard_size = 15600ull << 20;   /* ~96 shards, like upstream */
     } else {
         return k3_err_set(e, K3_EARG, "unknown preset '%s' (tiny, k3-width, k3)", name);
     }
@@ -208,9 +208,11 @@ static int is_vector_kind(int kind)
     return k3_synth_kind_has_data_when_sparse(kind) && kind != SK_EMBED && kind != SK_MOE_GATE;
 }
 
-/* dtype of a vector under the policy; the mixed policy flips on the key. */
-static k3_dtype vector_dtype(const k3_synth_opts *o, int kind, uint64_t key)
+/* dtype of a vector under the policy; the mixed policy flips on a hash of
+ * the name alone, so that the layout does not depend on the seed. */
+static k3_dtype vector_dtype(const k3_synth_opts *o, int kind, const char *name)
 {
+    uint64_t key = k3_synth_key(0, name);
     switch (o->vec_dtype) {
     case K3_SYNTH_VEC_BF16: return K3_DT_BF16;
     case K3_SYNTH_VEC_F32: return K3_DT_F32;
@@ -253,7 +255,7 @@ static int push(list *l, uint32_t layer, uint32_t expert, int kind, uint32_t ndi
     if (kind >= SK_EXP_W1_P && kind <= SK_EXP_W3_S)
         dt = K3_DT_U8;
     else if (is_vector_kind(kind))
-        dt = vector_dtype(l->o, kind, t->key);
+        dt = vector_dtype(l->o, kind, name);
     t->dtype = (uint8_t)dt;
     uint64_t b = dt == K3_DT_F32 ? 4 : dt == K3_DT_U8 ? 1 : 2;
     for (uint32_t k = 0; k < ndim; k++)

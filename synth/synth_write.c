@@ -205,6 +205,12 @@ static int fill_cb(void *ctx, uint64_t i, uint64_t off, uint64_t n, void *buf, k
     return k3_synth_fill(c->o, &c->t[i], off, n, buf);
 }
 
+static int zero_cb(void *ctx, uint64_t i)
+{
+    fill_ctx *c = ctx;
+    return c->o->sparse && !k3_synth_kind_has_data_when_sparse(c->t[i].kind);
+}
+
 /* Declare tensors [first, first+n) in a writer. */
 static int declare(k3_stw *w, const k3_synth_tensor *t, uint64_t first, uint64_t n, k3_err *e)
 {
@@ -334,7 +340,7 @@ int k3_synth_write(const k3_synth_opts *opts, const char *dst, volatile sig_atom
             rc = k3_stw_begin(w, 0, e);
         if (rc == 0) {
             fill_ctx fc = {&o, t + first};
-            k3_stw_stream_opts so = {o.chunk_bytes, o.threads, o.sparse, o.direct, prog, cancel};
+            k3_stw_stream_opts so = {o.chunk_bytes, o.threads, o.sparse, o.direct, prog, cancel, zero_cb};
             rc = k3_stw_stream(w, fill_cb, &fc, &so, e);
         }
         if (rc == 0)

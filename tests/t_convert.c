@@ -384,3 +384,121 @@ K3_TEST(convert_writer_hashes_out_of_order_writes_as_the_final_file)
     free(got);
     free(data);
 }
+
+/* F8_E4M3 experts with DeepSeek-style 128x128 block scales: the converter
+ * dequantizes (f8 * scale_inv of the block) and quantizes by SPEC §2. The
+ * checkpoint is written here from a BF16-expert one, experts replaced. */
+#include "k3_stw.h"
+
+static uint8_t f8_byte(uint64_t i, int w)
+{
+    uint8_t b = (uint8_t)((i * 37u + (uint64_t)w * 11u) & 0xff);
+    return (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b; /* no NaN */
+}
+
+K3_TEST(convert_dequantizes_f8_block_scaled_experts_then_quantizes)
+{
+    const char *bf = path_in("bf"), *src = path_in("src"), *dst = path_in("dst");
+    synth(bf, "--experts bf16 --no-index --no-tokenizer");
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "mkdir -p %s && cp %s/config.json %s/", src, bf, src), 0);
+    k3_err e = {0};
+    k3_st *st = NULL;
+    CHECK_EQ_INT(k3_st_open(&st, bf, 0, &e), 0);
+    if (!st)
+        return;
+    char out[4200];
+    snprintf(out, sizeof out, "%s/model-00001-of-00001.safetensors", src);
+    k3_stw *w = NULL;
+    CHECK_EQ_INT(k3_stw_create(&w, out, &e), 0);
+    uint64_t n = k3_st_tensor_count(st);
+    /* declare: expert .weight becomes F8 + F32 scale_inv */
+    for (uint64_t i = 0; i < n; i++) {
+        const k3_st_tensor *t = k3_st_tensor_at(st, i);
+        uint32_t L, x;
+        int which, part;
+        if (k3_man_expert_name(t->name, &L, &x, &which, &part) && part == K3_MAN_XP_WEIGHT) {
+            CHECK_EQ_INT(k3_stw_add(w, t->name, K3_DT_F8_E4M3, 2, t->shape, &e), 0);
+            char sn[512];
+            snprintf(sn, sizeof sn, "%s_scale_inv", t->name);
+            uint64_t ss[2] = {(t->shape[0] + 127) / 128, (t->shape[1] + 127) / 128};
+            CHECK_EQ_INT(k3_stw_add(w, sn, K3_DT_F32, 2, ss, &e), 0);
+        } else {
+            CHECK_EQ_INT(k3_stw_add(w, t->name, t->dtype, t->ndim, t->shape, &e), 0);
+        }
+    }
+    CHECK_EQ_INT(k3_stw_begin(w, 1, &e), 0);
+    uint64_t k = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        const k3_st_tensor *t = k3_st_tensor_at(st, i);
+        uint32_t L, x;
+        int which, part;
+        if (k3_man_expert_name(t->name, &L, &x, &which, &part) && part == K3_MAN_XP_WEIGHT) {
+            uint64_t cnt = t->shape[0] * t->shape[1];
+            uint8_t *b = malloc(cnt);
+            for (uint64_t j = 0; j < cnt; j++)
+                b[j] = f8_byte(j, which);
+            CHECK_EQ_INT(k3_stw_write(w, k++, 0, b, cnt, &e), 0);
+            free(b);
+            uint64_t ns = ((t->shape[0] + 127) / 128) * ((t->shape[1] + 127) / 128);
+            float *s = malloc(ns * 4);
+            for (uint64_t j = 0; j < ns; j++)
+                s[j] = 0.25f * (float)(j + 1 + (uint64_t)which);
+            CHECK_EQ_INT(k3_stw_write(w, k++, 0, s, ns * 4, &e), 0);
+            free(s);
+        } else {
+            uint8_t *b = malloc(t->nbytes ? t->nbytes : 1);
+            CHECK_EQ_INT(k3_st_read(st, t, b, &e), 0);
+            CHECK_EQ_INT(k3_stw_write(w, k++, 0, b, t->nbytes, &e), 0);
+            free(b);
+        }
+    }
+    CHECK_EQ_INT(k3_stw_finish(w, &e), 0);
+    k3_stw_free(w);
+    k3_st_close(st);
+    convert_ok(src, dst, "");
+    verify_ok(dst);
+    k3_pk *pk = NULL;
+    CHECK_EQ_INT(k3_pk_open(&pk, dst, 0, &e), 0);
+    if (!pk)
+        return;
+    k3_kern_init();
+    const k3_cfg *c = k3_pk_cfg(pk);
+    const k3_pk_expert_layout *xl = k3_pk_experts(pk);
+    uint8_t *rec = k3_io_alloc_aligned(xl->stride, 4096);
+    CHECK_EQ_INT(k3_pk_read_record(pk, c->first_k_dense_replace, 3, rec, 1, &e), 0);
+    for (int wh = 0; wh < 3; wh++) {
+        uint64_t rows = wh == 1 ? xl->rows_w2 : xl->rows_w13, cols = wh == 1 ? xl->cols_w2 : xl->cols_w13;
+        uint64_t cnt = rows * cols, bc = (cols + 127) / 128;
+        float *f = malloc(cnt * 4);
+        for (uint64_t r = 0; r < rows; r++)
+            for (uint64_t col = 0; col < cols; col++) {
+                uint64_t j = r * cols + col;
+                f[j] = k3_f8e4m3_to_f32(f8_byte(j, wh)) * (0.25f * (float)((r / 128) * bc + col / 128 + 1 + (uint64_t)wh));
+            }
+        uint8_t *packed = malloc(cnt / 2), *scales = malloc(cnt / 32);
+        k3_mx_quantize(f, cnt, packed, scales);
+        CHECK(!memcmp(section_of(xl, rec, wh, 0), packed, cnt / 2));
+        CHECK(!memcmp(section_of(xl, rec, wh, 1), scales, cnt / 32));
+        free(f);
+        free(packed);
+        free(scales);
+    }
+    k3_io_free_aligned(rec);
+    k3_pk_close(pk);
+}
+
+K3_TEST(convert_interrupted_by_sigint_exits_130_removes_temporaries_and_resumes)
+{
+    const char *src = path_in("src"), *ref = path_in("ref"), *dst = path_in("dst");
+    synth(src, "");
+    convert_ok(src, ref, "");
+    char *err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_CONVERT_CRASH=interrupt:1 k3-convert --quiet %s %s", src, dst), 130);
+    CHECK_STR_CONTAINS(err, "k3-convert: error: interrupted");
+    free(err);
+    char *out = NULL;
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "ls %s | grep -c '\\.tmp$'", dst), 1); /* grep finds none */
+    free(out);
+    convert_ok(src, dst, "--resume");
+    same_tree(ref, dst);
+}

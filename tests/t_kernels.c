@@ -353,7 +353,9 @@ static void every_path_matches_scalar(int mx)
                 cols = mx ? 32 : (uint64_t)rep + 1;
             if (rep == 3)
                 cols = mx ? 32 * 112 : 7168 + 5;
-            uint32_t T = Ts[rnd() % (sizeof Ts / sizeof *Ts)];
+            if (rep == 4)
+                cols = mx ? 32 * 260 : 12288 + 31;          /* past the T=1 stack buffer */
+            uint32_t T = rep < 8 || rep % 3 == 0 ? 1 : Ts[rnd() % (sizeof Ts / sizeof *Ts)];
             if ((mx ? mx_case : bf16_case)(isas[k], rows, cols, T))
                 return;
         }
@@ -532,6 +534,8 @@ K3_TEST(kern_results_identical_for_every_thread_count)
     k3_gemm_mx_st(p, s, R, C, X, T, M0);
     for (int n = 1; n <= 5; n++) {
         omp_set_num_threads(n);
+        memset(Y1, 0xff, T * R * 4);                                 /* NaN: a skipped row shows */
+        memset(M1, 0xff, T * R * 4);
         k3_gemm_bf16(W, R, C, X, T, Y1);
         k3_gemm_mx(p, s, R, C, X, T, M1);
         CHECK_EQ_INT(first_diff(Y0, Y1, T * R), -1);
@@ -543,8 +547,10 @@ K3_TEST(kern_results_identical_for_every_thread_count)
 #pragma omp parallel reduction(+ : bad)
     {
         float *Yt = malloc(T * R * 4);
+        memset(Yt, 0xff, T * R * 4);
         k3_gemm_bf16(W, R, C, X, T, Yt);
         bad += first_diff(Y0, Yt, T * R) != -1;
+        memset(Yt, 0xff, T * R * 4);
         k3_gemm_mx(p, s, R, C, X, T, Yt);
         bad += first_diff(M0, Yt, T * R) != -1;
         free(Yt);
@@ -570,4 +576,49 @@ K3_TEST(kern_isa_unknown_forced_name_falls_back_and_says_so)
     /* the fallback is the best path this CPU has */
     const char *best = k3_kern_supported("avx512") ? "avx512 " : k3_kern_supported("avx2") ? "avx2 " : "scalar ";
     CHECK(!strncmp(k3_kern_name(), best, strlen(best)));
+}
+
+/* The opt-in bf16-dot path: within its documented bound of the contract on
+ * odd shapes, and still independent of the thread count. */
+K3_TEST(kern_bf16dot_path_within_documented_bound)
+{
+    if (!k3_kern_supported("avx512bf16"))
+        return;
+    CHECK_EQ_INT(k3_kern_use("avx512bf16"), 0);
+    CHECK_STR_EQ(k3_kern_name(), "avx512bf16");
+    static const uint32_t Ts[] = {1, 2, 3, 4, 5, 8, 16};
+    long differs = 0;
+    for (int rep = 0; rep < 40; rep++) {
+        uint64_t rows = 1 + rnd() % 11, cols = rep == 0 ? 7168 + 17 : 1 + rnd() % 300;
+        uint32_t T = Ts[rnd() % (sizeof Ts / sizeof *Ts)];
+        uint16_t *W = malloc(rows * cols * 2);
+        float *X = malloc(T * cols * 4), *Y0 = malloc(T * rows * 4), *Y1 = malloc(T * rows * 4);
+        float *Y2 = malloc(T * rows * 4);
+        for (uint64_t i = 0; i < rows * cols; i++)
+            W[i] = rnd_bf16();
+        fill_x(X, T * cols);
+        k3_kern_path_scalar.gemm_bf16_rows(W, rows, cols, X, T, Y0, 0, rows);
+        k3_gemm_bf16_st(W, rows, cols, X, T, Y1);
+        for (uint32_t t = 0; t < T; t++)
+            for (uint64_t r = 0; r < rows; r++) {
+                double mag = 0;
+                for (uint64_t c = 0; c < cols; c++)
+                    mag += fabs((double)k3_bf16_to_f32(W[r * cols + c]) * X[t * cols + c]);
+                double err = fabs((double)Y1[t * rows + r] - Y0[t * rows + r]);
+                if (!(err <= 0x1p-8 * mag + 0x1p-100)) {
+                    k3t_fail(__FILE__, __LINE__, "%llux%llu T=%u y[%u][%llu] = %g, exact %g, bound %g",
+                             (unsigned long long)rows, (unsigned long long)cols, T, t,
+                             (unsigned long long)r, Y1[t * rows + r], Y0[t * rows + r], 0x1p-8 * mag);
+                    return;
+                }
+            }
+        omp_set_num_threads(1 + rep % 3);
+        k3_gemm_bf16(W, rows, cols, X, T, Y2);
+        CHECK_EQ_INT(first_diff(Y1, Y2, T * rows), -1);
+        for (uint64_t i = 0; i < T * rows; i++)
+            differs += bits(Y1[i]) != bits(Y0[i]);
+        free(W), free(X), free(Y0), free(Y1), free(Y2);
+    }
+    /* the path really is the bf16-dot one: it differs from the contract */
+    CHECK(differs > 0);
 }

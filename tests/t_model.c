@@ -93,16 +93,22 @@ K3_TEST(model_chunk_size_changes_no_logit_bit)
 K3_TEST(model_thread_count_changes_no_logit_bit)
 {
     k3_ws *ws = tiny_ws();
-    k3_model_set_parallel_threshold(0);
-    omp_set_num_threads(1);
-    float *a = run_all(ws, 7, 32);
-    omp_set_num_threads(2);
-    float *b = run_all(ws, 7, 32);
-    omp_set_num_threads(3);
-    float *c = run_all(ws, 7, 32);
-    CHECK(memcmp(a, b, 32 * 97 * sizeof(float)) == 0);
-    CHECK(memcmp(a, c, 32 * 97 * sizeof(float)) == 0);
-    free(a); free(b); free(c);
+    /* every loop threaded (threshold 0: outer loops parallel, inner ones
+     * nested), then the default threshold (small loops serial, so a
+     * parallel inner reduction would show) */
+    static const uint64_t thresholds[2] = {0, 1u << 16};
+    for (int k = 0; k < 2; k++) {
+        k3_model_set_parallel_threshold(thresholds[k]);
+        omp_set_num_threads(1);
+        float *a = run_all(ws, 7, 32);
+        omp_set_num_threads(2);
+        float *b = run_all(ws, 7, 32);
+        omp_set_num_threads(3);
+        float *c = run_all(ws, 7, 32);
+        CHECK(memcmp(a, b, 32 * 97 * sizeof(float)) == 0);
+        CHECK(memcmp(a, c, 32 * 97 * sizeof(float)) == 0);
+        free(a); free(b); free(c);
+    }
     k3_ws_close(ws);
 }
 

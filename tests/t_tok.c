@@ -13,6 +13,8 @@
 #include "k3_tok.h"
 #include "../runtime/tok_int.h"
 
+static char *slurp(const char *path, size_t *n);
+
 /* ---- tiny vocabularies ------------------------------------------------------ */
 
 static void b64(const uint8_t *s, size_t n, char *out)
@@ -48,7 +50,7 @@ static char *path_in(const char *name)
 
 /* The merges of the tiny vocabulary, in rank order after the 256 bytes. */
 static const char *const tiny_merges[] = {"ab", "abc", "  ", "he", "hel", "hell", "hello", " w", " wo", "rl",
-                                          " worl", " world", "aa", "aaa", "\xc3\xa9", "ba"};
+                                          " worl", " world", "aa", "aaa", "\xc3\xa9", "ba", "\x1c\x1c"};
 #define N_TINY (256 + sizeof tiny_merges / sizeof tiny_merges[0])
 
 /* Writes dir/tiktoken.model (bytes 0..255 then tiny_merges) and, if config is
@@ -246,6 +248,16 @@ K3_TEST(tok_rejects_hostile_config_files_naming_file_and_line)
     expect_config_error("{\"added_tokens_decoder\": {\"300\": {\"content\": \"[X]\"}},\n\"eos_token\": \"[EOS]\"}",
                         K3_EFORMAT, "line 2", "eos_token \"[EOS]\" is not an added token");
     expect_config_error("{\"eos_token\": 7}", K3_EFORMAT, "eos_token is neither", NULL);
+    /* 1,100 specials of 1,000 bytes: over the 1 MiB total */
+    size_t cap = 1200 * 1100 + 64, o = 0;
+    char *many = malloc(cap);
+    o += (size_t)snprintf(many + o, cap - o, "{\"added_tokens_decoder\": {");
+    for (int i = 0; i < 1100; i++)
+        o += (size_t)snprintf(many + o, cap - o, "%s\"%d\": {\"content\": \"%04d%0996d\"}", i ? ", " : "", 300 + i,
+                              i, 0);
+    snprintf(many + o, cap - o, "}}");
+    expect_config_error(many, K3_ELIMIT, "more than 1048576 bytes in all", NULL);
+    free(many);
     /* nesting far deeper than any config: an error, not a stack overflow */
     size_t depth = 100000;
     char *deep = malloc(2 * depth + 1);
@@ -317,6 +329,18 @@ K3_TEST(tok_special_tokens_are_matched_only_when_asked)
     CHECK_EQ_INT(ids[2], 303);
     CHECK_EQ_INT(ids[3], 302);
     free(ids);
+    /* a special cut short by the end of the text, or by a different byte */
+    encode(tok, "x<|im_end", 1, &ids, &n);
+    for (uint64_t i = 0; i < n; i++)
+        CHECK(ids[i] < 300);
+    free(ids);
+    encode(tok, "[EO[EOS]<|im_end|", 1, &ids, &n);
+    CHECK(n >= 2);
+    uint64_t found = 0;
+    for (uint64_t i = 0; i < n; i++)
+        found += ids[i] >= 300;
+    CHECK_EQ_U64(found, 1);
+    free(ids);
     encode(tok, text, 0, &ids, &n);
     for (uint64_t i = 0; i < n; i++)
         CHECK(ids[i] < 300);
@@ -345,6 +369,197 @@ K3_TEST(tok_invalid_utf8_bytes_are_kept_verbatim)
     CHECK(memcmp(back, text, blen) == 0);
     free(back);
     free(ids);
+    k3_tok_close(tok);
+}
+
+/* Random byte strings (letters, marks, spaces, CR/LF, multi-byte and broken
+ * UTF-8, special-token text) round trip, and their pieces tile the input. */
+K3_TEST(tok_random_bytes_round_trip)
+{
+    k3_tok *tok = open_tiny();
+    static const char *const atoms[] = {"a", "b", "hello", " ", "  ", "\t", "\r", "\n", "\r\n", "'s", "'LL", "1",
+                                        "\xc3\xa9", "\xcc\x81", "\xe4\xb8\xad", "\xf0\x9f\x98\x80", "\xff", "\xc3",
+                                        "\xe2\x82", "\xed\xa0\x80", "!", "[EOS]", "<|im_end|>", "\xc5\xbf", "A", "\xc7\x85"};
+    const size_t natoms = sizeof atoms / sizeof atoms[0];
+    uint32_t x = 777;
+    char buf[4096];
+    for (int trial = 0; trial < 2000; trial++) {
+        size_t n = 0;
+        x = x * 1103515245u + 12345u;
+        int count = (int)((x >> 16) % 60);
+        for (int k = 0; k < count; k++) {
+            x = x * 1103515245u + 12345u;
+            const char *a = atoms[(x >> 16) % natoms];
+            memcpy(buf + n, a, strlen(a));
+            n += strlen(a);
+        }
+        for (uint64_t pos = 0; pos < n;) {
+            uint64_t end = k3_tok_split_next(buf, n, pos);
+            CHECK(end > pos && end <= n);
+            pos = end;
+        }
+        for (int allow = 0; allow < 2; allow++) {
+            uint32_t *ids;
+            uint64_t nids, blen;
+            char *back;
+            k3_err e = {0};
+            CHECK_EQ_INT(k3_tok_encode(tok, buf, n, allow, &ids, &nids, &e), 0);
+            CHECK_EQ_INT(k3_tok_decode(tok, ids, nids, &back, &blen, &e), 0);
+            CHECK(blen == n && memcmp(back, buf, n) == 0);
+            free(back);
+            free(ids);
+        }
+    }
+    k3_tok_close(tok);
+}
+
+/* Flipped, inserted and cut bytes in both files: open either succeeds or
+ * fails with a message naming the file; never a crash (run under make asan). */
+K3_TEST(tok_mutated_files_fail_cleanly)
+{
+    tiny_dir(tiny_config);
+    size_t mlen, clen;
+    char *model = slurp(path_in("tiktoken.model"), &mlen);
+    const char *config = tiny_config;
+    clen = strlen(config);
+    char *buf = malloc(mlen + clen + 64);
+    uint32_t x = 4242;
+    int opened = 0, failed = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        int which = trial & 1;
+        const char *src = which ? config : model;
+        size_t n = which ? clen : mlen;
+        memcpy(buf, src, n);
+        for (int k = 0; k < 3; k++) {
+            x = x * 1103515245u + 12345u;
+            size_t at = (x >> 8) % n;
+            x = x * 1103515245u + 12345u;
+            switch ((x >> 16) % 4) {
+            case 0: buf[at] ^= (char)(1u << ((x >> 8) % 8)); break;
+            case 1: n = at + 1; break;
+            case 2: buf[at] = "\n =\"{}:,0A/+\\"[(x >> 20) % 14]; break;
+            default:
+                memmove(buf + at + 1, buf + at, n - at);
+                buf[at] = (char)(x >> 24);
+                n++;
+            }
+        }
+        write_file(path_in(which ? "tokenizer_config.json" : "tiktoken.model"), buf, n);
+        write_file(path_in(which ? "tiktoken.model" : "tokenizer_config.json"), which ? model : config,
+                   which ? mlen : clen);
+        k3_tok *tok = NULL;
+        k3_err e = {0};
+        int rc = k3_tok_open(&tok, k3t_tmpdir(), &e);
+        if (rc == 0) {
+            opened++;
+            CHECK(tok != NULL);
+            uint32_t *ids;
+            uint64_t nids;
+            CHECK_EQ_INT(k3_tok_encode(tok, "hello [EOS] world", 17, 1, &ids, &nids, &e), 0);
+            free(ids);
+            k3_tok_close(tok);
+        } else {
+            failed++;
+            CHECK(tok == NULL);
+            CHECK(rc < 0);
+            CHECK(strstr(e.msg, which ? "tokenizer_config.json" : "tiktoken.model") != NULL);
+            CHECK(strchr(e.msg, '\n') == NULL);
+        }
+    }
+    CHECK(failed > 100);
+    free(buf);
+    free(model);
+}
+
+/* ids of a ++ ids of b, each encoded alone */
+static void encode_concat(const k3_tok *tok, const char *a, size_t na, const char *b, size_t nb, uint32_t **ids,
+                          uint64_t *n)
+{
+    uint32_t *x, *y;
+    uint64_t nx, ny;
+    k3_err e = {0};
+    CHECK_EQ_INT(k3_tok_encode(tok, a, na, 0, &x, &nx, &e), 0);
+    CHECK_EQ_INT(k3_tok_encode(tok, b, nb, 0, &y, &ny, &e), 0);
+    *ids = realloc(x, (nx + ny + 1) * sizeof *x);
+    memcpy(*ids + nx, y, ny * sizeof *y);
+    *n = nx + ny;
+    free(y);
+}
+
+static void check_same_ids(const uint32_t *a, uint64_t na, const uint32_t *b, uint64_t nb)
+{
+    CHECK_EQ_U64(na, nb);
+    CHECK(memcmp(a, b, na * sizeof *a) == 0);
+}
+
+K3_TEST(tok_kimi_slices_cut_long_runs_and_windows)
+{
+    k3_tok *tok = open_tiny();
+    k3_err e = {0};
+    uint32_t *got, *want;
+    uint64_t ngot, nwant;
+    /* 25,001 letters: cut before the last one; 25,000: no cut */
+    size_t big = 400100 * 2 + 64;
+    char *t = malloc(big);
+    memset(t, 'a', 25001);
+    CHECK_EQ_INT(k3_tok_encode(tok, t, 25001, K3_TOK_KIMI_SLICES, &got, &ngot, &e), 0);
+    encode_concat(tok, t, 25000, t, 1, &want, &nwant);
+    check_same_ids(got, ngot, want, nwant);
+    free(want);
+    CHECK_EQ_INT(k3_tok_encode(tok, t, 25001, 0, &want, &nwant, &e), 0);
+    CHECK(ngot != nwant || memcmp(got, want, ngot * sizeof *got) != 0); /* the cut changes the ids */
+    free(want);
+    free(got);
+    CHECK_EQ_INT(k3_tok_encode(tok, t, 25000, K3_TOK_KIMI_SLICES, &got, &ngot, &e), 0);
+    CHECK_EQ_INT(k3_tok_encode(tok, t, 25000, 0, &want, &nwant, &e), 0);
+    check_same_ids(got, ngot, want, nwant);
+    free(want);
+    free(got);
+    /* a space run of 30,000 after a word (U+001C counts: Python's isspace
+     * has bidi class B, White_Space does not): the slice is not restarted at
+     * the word/space change, the run is cut after its 25,000th character. An
+     * odd number of U+001C in the first slice makes the cut visible through
+     * the "\x1c\x1c" merge. */
+    memcpy(t, "ab ", 3);
+    memset(t + 3, '\x1c', 29999);
+    t[30002] = 'b';
+    CHECK_EQ_INT(k3_tok_encode(tok, t, 30003, K3_TOK_KIMI_SLICES, &got, &ngot, &e), 0);
+    encode_concat(tok, t, 25002, t + 25002, 5001, &want, &nwant);
+    check_same_ids(got, ngot, want, nwant);
+    free(want);
+    CHECK_EQ_INT(k3_tok_encode(tok, t, 30003, 0, &want, &nwant, &e), 0);
+    CHECK(ngot != nwant || memcmp(got, want, ngot * sizeof *got) != 0);
+    free(want);
+    free(got);
+    /* windows of 400,000 characters, not bytes: "\xc3\xa9 hello" is 7
+     * characters in 8 bytes; character 400,000 is the 'o' of a "hello", so
+     * the cut changes the ids */
+    size_t n = 0;
+    for (size_t c = 0; c < 400100; c += 7) {
+        memcpy(t + n, "\xc3\xa9 hello", 8);
+        n += 8;
+    }
+    CHECK_EQ_INT(k3_tok_encode(tok, t, n, K3_TOK_KIMI_SLICES | K3_TOK_ALLOW_SPECIAL, &got, &ngot, &e), 0);
+    encode_concat(tok, t, 57142 * 8 + 7, t + 57142 * 8 + 7, n - (57142 * 8 + 7), &want, &nwant);
+    check_same_ids(got, ngot, want, nwant);
+    free(want);
+    free(got);
+    /* a run that straddles a window boundary is counted afresh in the new
+     * window: 10,002 + 19,999 letters, no 25,000 cut after the boundary */
+    n = 0;
+    for (size_t u = 0; u < 55714; u++) {
+        memcpy(t + n, "\xc3\xa9 hello", 8);
+        n += 8;
+    }
+    memset(t + n, 'a', 30001);
+    n += 30001;
+    CHECK_EQ_INT(k3_tok_encode(tok, t, n, K3_TOK_KIMI_SLICES, &got, &ngot, &e), 0);
+    encode_concat(tok, t, 55714 * 8 + 10002, t + 55714 * 8 + 10002, n - (55714 * 8 + 10002), &want, &nwant);
+    check_same_ids(got, ngot, want, nwant);
+    free(want);
+    free(got);
+    CHECK_EQ_INT(k3_tok_encode(tok, t, n, 8, &got, &ngot, &e), K3_EARG);
+    free(t);
     k3_tok_close(tok);
 }
 

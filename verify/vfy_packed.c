@@ -135,6 +135,20 @@ static void check_provenance(k3_vfy *v, pstate *s)
             k3_vfy_problem(v, "manifest.json", "provenance: shard %s: converted from bytes whose SHA-256 differs "
                            "from the sums file (another checkpoint, or a corrupted download)", m->src_shards[i].name);
     }
+    /* tokenizer files are copied byte for byte: they must be what the source had */
+    for (uint32_t i = 0; i < m->nfiles; i++) {
+        if (m->files[i].kind != K3_PK_FILE_TOKENIZER)
+            continue;
+        uint32_t j;
+        for (j = 0; j < m->nsrc_files; j++)
+            if (!strcmp(m->src_files[j].name, m->files[i].name))
+                break;
+        if (j == m->nsrc_files)
+            k3_vfy_problem(v, "manifest.json", "provenance: tokenizer file %s has no source entry", m->files[i].name);
+        else if (m->src_files[j].size != m->files[i].size || memcmp(m->src_files[j].sha256, m->files[i].sha256, 32))
+            k3_vfy_problem(v, "manifest.json", "provenance: tokenizer file %s differs from the source's",
+                           m->files[i].name);
+    }
     for (uint32_t i = 0; v->sums && i < v->nsums; i++) {
         if (v->sums[i].seen)
             continue;
@@ -253,7 +267,8 @@ static void full_hash(k3_vfy *v, pstate *s)
         k3_vfy_problem(v, NULL, "not checked: out of memory");
     } else {
         for (uint32_t i = 0; i < nj; i++)
-            qsort(jobs[i].regions, jobs[i].nregions, sizeof *jobs[i].regions, region_cmp);
+            if (jobs[i].nregions)
+                qsort(jobs[i].regions, jobs[i].nregions, sizeof *jobs[i].regions, region_cmp);
         k3_vfy_hash_jobs(v, jobs, nj);
     }
     for (uint32_t i = 0; i < nj; i++)

@@ -1,0 +1,312 @@
+/*
+ * bench_kernels.c - the products at the real K3 shapes, against the memory
+ * bandwidth measured in the same run.
+ *
+ * For every shape, thread count (1, 2) and batch T (1, 4, 16, 64) it reports
+ * the median time of several calls, the weight bytes per second, GFLOP/s
+ * (2 * rows * cols * T per call) and the ratio of the weight rate to the
+ * STREAM-style probes run first in the same process: a triad a = b + s*c
+ * (counted as 3 arrays, the STREAM convention) and a read-only sum (what a
+ * weight stream can at best reach). "cold" calls cycle through copies of the
+ * matrix that together are several times the last-level cache, so every call
+ * reads its weights from DRAM; "hot" calls repeat one slice of rows small
+ * enough to stay in each core's L2, which shows the compute ceiling.
+ *
+ *   bench-bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx] [--version]
+ */
+#include "k3_io.h"
+#include "k3_kern.h"
+
+#include <errno.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds of the whole process (all threads). Divided by the thread
+ * count it is the time the work took while it had the cores: on a shared,
+ * overloaded machine wall time mostly measures the scheduler. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static void fill_random(void *buf, uint64_t n, uint64_t seed)
+{
+    uint64_t x = seed | 1, *p = buf;
+    for (uint64_t i = 0; i < n / 8; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[i] = x;
+    }
+}
+
+/* ---- memory probes -------------------------------------------------------- */
+
+struct stream_bw {
+    double triad, read;         /* GB/s, medians, wall clock */
+    double triad_cpu, read_cpu; /* GB/s, medians, CPU time / threads */
+};
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/* Explicit AVX2 so that the probes are not limited by the compiler's choices
+ * (-O2, no fast-math: a float sum would otherwise be one serial chain). */
+__attribute__((target("avx2,fma")))
+static double probe_triad(float *a, const float *b, const float *c, uint64_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (uint64_t i = 0; i < n; i += 8) {
+        __m256 v = _mm256_fmadd_ps(_mm256_set1_ps(3.0f), _mm256_load_ps(c + i), _mm256_load_ps(b + i));
+        _mm256_store_ps(a + i, v);
+    }
+    return 3.0 * (double)n * sizeof(float);
+}
+
+__attribute__((target("avx2,fma")))
+static double probe_read(const float *b, uint64_t n)
+{
+    float total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+#pragma omp for schedule(static)
+        for (uint64_t i = 0; i < n; i += 32) {
+            s0 = _mm256_add_ps(s0, _mm256_load_ps(b + i));
+            s1 = _mm256_add_ps(s1, _mm256_load_ps(b + i + 8));
+            s2 = _mm256_add_ps(s2, _mm256_load_ps(b + i + 16));
+            s3 = _mm256_add_ps(s3, _mm256_load_ps(b + i + 24));
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+        for (int k = 0; k < 8; k++)
+            total += lanes[k];
+    }
+    if (total == 12345.0f)          /* keep the loop */
+        fprintf(stderr, "%g\n", total);
+    return (double)n * sizeof(float);
+}
+
+static struct stream_bw stream_measure(int threads, uint64_t mib)
+{
+    uint64_t n = mib * (1ull << 20) / sizeof(float);
+    float *a = k3_io_huge_alloc(n * 4), *b = k3_io_huge_alloc(n * 4), *c = k3_io_huge_alloc(n * 4);
+    struct stream_bw bw = {0};
+    if (!a || !b || !c) {
+        fprintf(stderr, "bench: cannot allocate the stream arrays\n");
+        exit(6);
+    }
+    for (uint64_t i = 0; i < n; i++)
+        b[i] = 1.0f, c[i] = 2.0f;
+    omp_set_num_threads(threads);
+    double tr[5], rd[5], trc[5], rdc[5];
+    probe_triad(a, b, c, n);
+    for (int k = 0; k < 5; k++) {
+        double t0 = now(), c0 = cpu_now();
+        double bytes = probe_triad(a, b, c, n);
+        tr[k] = bytes / (now() - t0) / 1e9;
+        trc[k] = bytes / ((cpu_now() - c0) / threads) / 1e9;
+        t0 = now(), c0 = cpu_now();
+        bytes = probe_read(b, n);
+        rd[k] = bytes / (now() - t0) / 1e9;
+        rdc[k] = bytes / ((cpu_now() - c0) / threads) / 1e9;
+    }
+    bw.triad = median(tr, 5);
+    bw.read = median(rd, 5);
+    bw.triad_cpu = median(trc, 5);
+    bw.read_cpu = median(rdc, 5);
+    k3_io_huge_free(a, n * 4), k3_io_huge_free(b, n * 4), k3_io_huge_free(c, n * 4);
+    return bw;
+}
+
+/* ---- products ------------------------------------------------------------- */
+
+struct shape {
+    int mx;
+    uint64_t rows, cols;
+};
+
+static const struct shape shapes[] = {
+    {0, 12288, 7168}, {0, 7168, 12288}, {0, 33792, 7168}, {0, 896, 7168},
+    {1, 3072, 3584}, {1, 3584, 3072},
+};
+
+static uint64_t weight_bytes(const struct shape *s, uint64_t rows)
+{
+    return s->mx ? rows * s->cols / 2 + rows * s->cols / 32 : rows * s->cols * 2;
+}
+
+static void call(const struct shape *s, const uint8_t *w, uint64_t rows, const float *X,
+                 uint32_t T, float *Y)
+{
+    if (s->mx)
+        k3_gemm_mx(w, w + rows * s->cols / 2, rows, s->cols, X, T, Y);
+    else
+        k3_gemm_bf16((const uint16_t *)w, rows, s->cols, X, T, Y);
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t runs = 7, pool_mib = 1024;
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--version")) {
+            printf("bench_kernels (kernels: %s)\n", k3_kern_name());
+            return 0;
+        } else if (!strcmp(argv[i], "--runs") && i + 1 < argc) {
+            if (parse_u64(argv[++i], 3, 1000, &runs)) {
+                fprintf(stderr, "bench_kernels: error: --runs wants 3..1000\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--pool-mib") && i + 1 < argc) {
+            if (parse_u64(argv[++i], 64, 65536, &pool_mib)) {
+                fprintf(stderr, "bench_kernels: error: --pool-mib wants 64..65536\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+            only = argv[++i];
+        } else {
+            fprintf(stderr, "usage: bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx] [--version]\n");
+            return 2;
+        }
+    }
+    k3_kern_init();
+    printf("kernels: %s; %llu timed calls per line (median, min-max); cold pool %llu MiB\n",
+           k3_kern_name(), (unsigned long long)runs, (unsigned long long)pool_mib);
+
+    struct stream_bw bw[3];
+    for (int th = 1; th <= 2; th++) {
+        bw[th] = stream_measure(th, 256);
+        printf("stream probe, %d thread%s: triad %.1f GB/s, read %.1f GB/s (wall); "
+               "triad %.1f, read %.1f GB/s (cpu time); 3 x 256 MiB\n", th, th > 1 ? "s" : "",
+               bw[th].triad, bw[th].read, bw[th].triad_cpu, bw[th].read_cpu);
+    }
+    printf("\nwall: median wall-clock ms (min-max), GB/s of weights, GFLOP/s, ratio of GB/s to\n"
+           "the wall triad / read probes; cpu: the same from process CPU time / threads\n"
+           "against the cpu-time probes (what the kernel does while it has the cores)\n\n");
+    printf("%-5s %-10s %-4s %2s %3s %9s %17s %7s %7s %5s %5s | %8s %7s %7s %5s %5s\n", "kind",
+           "shape", "mode", "th", "T", "ms", "(min-max)", "GB/s", "GFLOP/s", "/trd", "/read",
+           "cpu ms", "GB/s", "GFLOP/s", "/trd", "/read");
+
+    static const uint32_t Ts[] = {1, 4, 16, 64};
+    double *times = malloc(runs * sizeof *times), *cpus = malloc(runs * sizeof *cpus);
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const struct shape *s = &shapes[si];
+        if (only && strcmp(only, s->mx ? "mx" : "bf16"))
+            continue;
+        uint64_t bytes = weight_bytes(s, s->rows);
+        uint64_t stride = (bytes + 4095) / 4096 * 4096;
+        uint64_t copies = pool_mib * (1ull << 20) / stride;
+        if (copies < 2)
+            copies = 2;
+        uint8_t *pool = k3_io_huge_alloc(copies * stride);
+        float *X = k3_io_alloc_aligned(64 * s->cols * sizeof(float), 64);
+        float *Y = k3_io_alloc_aligned(64 * s->rows * sizeof(float), 64);
+        if (!pool || !X || !Y) {
+            fprintf(stderr, "bench_kernels: error: cannot allocate %llu copies of %llu bytes\n",
+                    (unsigned long long)copies, (unsigned long long)stride);
+            return 6;
+        }
+        for (uint64_t k = 0; k < copies; k++) {
+            uint8_t *w = pool + k * stride;
+            fill_random(w, stride, 0x1234567 + k);
+            if (s->mx) {
+                uint8_t *sc = w + s->rows * s->cols / 2;
+                for (uint64_t i = 0; i < s->rows * s->cols / 32; i++)
+                    sc[i] = (uint8_t)(118 + sc[i] % 12);
+            } else {
+                uint16_t *h = (uint16_t *)w;
+                for (uint64_t i = 0; i < s->rows * s->cols; i++)     /* finite, |x| < 4 */
+                    h[i] = (uint16_t)((h[i] & 0x807f) | (0x3c00 + ((h[i] >> 7) & 0x3) * 0x80));
+            }
+        }
+        for (uint64_t i = 0; i < 64 * s->cols; i++)
+            X[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+        char name[32];
+        snprintf(name, sizeof name, "%llux%llu", (unsigned long long)s->rows,
+                 (unsigned long long)s->cols);
+        for (int hot = 0; hot <= 1; hot++) {
+            for (int th = 1; th <= 2; th++) {
+                omp_set_num_threads(th);
+                /* hot: about 1 MiB of weights per thread, repeated */
+                uint64_t rows = s->rows;
+                if (hot) {
+                    uint64_t per_row = weight_bytes(s, 1);
+                    rows = (1ull << 20) / per_row * (uint64_t)th;
+                    rows = rows / 32 * 32;
+                    if (rows > s->rows)
+                        rows = s->rows;
+                }
+                for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+                    uint32_t T = Ts[ti];
+                    /* hot mode wants a contiguous slice with scales after it */
+                    uint8_t *hot_w = pool;
+                    if (hot && s->mx)
+                        memmove(pool + rows * s->cols / 2, pool + s->rows * s->cols / 2,
+                                rows * s->cols / 32);
+                    uint64_t next = 0;
+                    call(s, hot ? hot_w : pool + (next++ % copies) * stride, rows, X, T, Y);
+                    for (uint64_t k = 0; k < runs; k++) {
+                        const uint8_t *w = hot ? hot_w : pool + (next++ % copies) * stride;
+                        double t0 = now(), c0 = cpu_now();
+                        call(s, w, rows, X, T, Y);
+                        times[k] = now() - t0;
+                        cpus[k] = (cpu_now() - c0) / th;
+                    }
+                    double med = median(times, (int)runs), cmed = median(cpus, (int)runs);
+                    double wb = (double)weight_bytes(s, rows);
+                    double flop = 2.0 * (double)rows * (double)s->cols * T;
+                    char mm[40];
+                    snprintf(mm, sizeof mm, "(%.3f-%.3f)", times[0] * 1e3, times[runs - 1] * 1e3);
+                    printf("%-5s %-10s %-4s %2d %3u %9.3f %17s %7.1f %7.1f %5.2f %5.2f | %8.3f %7.1f "
+                           "%7.1f %5.2f %5.2f\n",
+                           s->mx ? "mxfp4" : "bf16", name, hot ? "hot" : "cold", th, T, med * 1e3,
+                           mm, wb / med / 1e9, flop / med / 1e9, hot ? 0.0 : wb / med / 1e9 / bw[th].triad,
+                           hot ? 0.0 : wb / med / 1e9 / bw[th].read, cmed * 1e3, wb / cmed / 1e9,
+                           flop / cmed / 1e9, hot ? 0.0 : wb / cmed / 1e9 / bw[th].triad_cpu,
+                           hot ? 0.0 : wb / cmed / 1e9 / bw[th].read_cpu);
+                    fflush(stdout);
+                }
+            }
+        }
+        k3_io_huge_free(pool, copies * stride);
+        k3_io_free_aligned(X);
+        k3_io_free_aligned(Y);
+    }
+    free(times);
+    free(cpus);
+    return 0;
+}
