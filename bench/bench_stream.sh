@@ -18,7 +18,9 @@
 # reads are served without touching the device and all-zero experts run the
 # MXFP4 kernel on denormal scales - say so when quoting), SPARSE=0 forces a
 # dense one (needs ~80 GB free: source + packed). Default: dense if df says
-# 90 GB are free, sparse otherwise. WORKDIR is deleted at the end unless KEEP=1.
+# 90 GB are free, sparse otherwise. TRACE=1 writes each run's expert trace and
+# replays it against LRU, LFU and the offline optimum at 16..1024 slots.
+# WORKDIR is deleted at the end unless KEEP=1.
 set -eu
 BIN=${BIN:-bin}
 W=${1:-/tmp/stream-bench}
@@ -47,7 +49,9 @@ du -sh "$W/pk" | sed 's/^/bench_stream: packed model (on disk)  /'
 probe=$("$BIN/bench-bench_stream" "$W/pk" --mb 2048 --json)
 echo "bench_stream: O_DIRECT probe $probe"
 for b in $BUDGETS; do
-    "$BIN/k3-run" "$W/pk" --ids $IDS --gen "$GEN" --threads 2 --ram "$b" --json >"$W/run-$b.json" 2>"$W/run-$b.err" ||
+    tr=""
+    [ "${TRACE:-0}" = 1 ] && tr="--trace $W/trace-$b.txt"
+    "$BIN/k3-run" "$W/pk" --ids $IDS --gen "$GEN" --threads 2 --ram "$b" $tr --json >"$W/run-$b.json" 2>"$W/run-$b.err" ||
         { echo "bench_stream: k3-run --ram $b failed:"; tail -3 "$W/run-$b.err"; continue; }
     grep 'k3-run:' "$W/run-$b.err" | sed "s/^/[$b] /"
     /usr/bin/python3 - "$W/run-$b.json" "$probe" "$b" <<'EOF'
@@ -66,6 +70,9 @@ print("[%s] decode %.3f s/token | I/O bound %.3f s (%.2f GB/token at %.2f GB/s) 
          comp, s / lim if lim > 0 else 0, 100 * d["expert_hit_rate"], r["peak_rss"] / 2**30,
          r["plan"]["budget"] / 2**30))
 EOF
+    if [ -n "$tr" ]; then
+        "$BIN/bench-bench_stream" --replay "$W/trace-$b.txt" 16 32 64 128 256 512 1024 | sed "s/^/[$b] /"
+    fi
 done
 
 cfg=$(ls "$W"/k3-config.json 2>/dev/null || true)
