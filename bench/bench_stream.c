@@ -214,6 +214,7 @@ static int plan_main(int argc, char **argv)
     k3_stream_opts o;
     k3_stream_opts_init(&o);
     o.baseline = 16ull << 20;
+    o.piece_bytes = 0;
     o.nthreads = 2;
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--ctx"))
@@ -222,7 +223,10 @@ static int plan_main(int argc, char **argv)
             o.max_chunk = (uint32_t)strtoul(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "--threads"))
             o.nthreads = (uint32_t)strtoul(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--baseline"))
+        else if (!strcmp(argv[i], "--piece")) {
+            if (strcmp(argv[i + 1], "0") && k3_stream_parse_budget(argv[i + 1], &o.piece_bytes, NULL) < 0)
+                return 2;
+        } else if (!strcmp(argv[i], "--baseline"))
             o.baseline = strtoull(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "--ram")) {
             if (k3_stream_parse_budget(argv[i + 1], &o.budget, NULL) < 0)
@@ -241,7 +245,10 @@ static int plan_main(int argc, char **argv)
     uint64_t gb[K3_CFG_MAX_LAYERS + 1], row, stride;
     k3_stream_cfg_groups(&c, gb, &row, &stride);
     uint32_t nmoe = c.num_hidden_layers > c.first_k_dense_replace ? c.num_hidden_layers - c.first_k_dense_replace : 0;
-    k3_stream_shape sh = {c.num_hidden_layers + 1, gb, row, stride, nmoe, c.num_experts, c.num_experts_per_token};
+    uint64_t cb[K3_CFG_MAX_LAYERS + 1], pmax = 0;
+    k3_stream_cfg_cores(&c, o.piece_bytes, gb, cb, &pmax);
+    k3_stream_shape sh = {c.num_hidden_layers + 1, gb, row, stride, nmoe, c.num_experts, c.num_experts_per_token,
+                          cb, pmax};
     k3_stream_plan p;
     int rc = k3_stream_plan_make(&sh, &c, &o, &p, &e);
     if (rc < 0) {
@@ -252,9 +259,10 @@ static int plan_main(int argc, char **argv)
     for (uint32_t g = 0; g <= c.num_hidden_layers; g++)
         if (gb[g] > big)
             big = gb[g];
-    printf("plan from %s (ctx %u, chunk %u, %u threads, baseline %llu bytes); largest trunk group %llu bytes, "
-           "expert record %llu bytes\n", argv[2], o.max_ctx, o.max_chunk, o.nthreads,
-           (unsigned long long)o.baseline, (unsigned long long)big, (unsigned long long)stride);
+    printf("plan from %s (ctx %u, chunk %u, %u threads, baseline %llu bytes, pieces %llu bytes); largest trunk "
+           "group %llu bytes, expert record %llu bytes\n", argv[2], o.max_ctx, o.max_chunk, o.nthreads,
+           (unsigned long long)o.baseline, (unsigned long long)o.piece_bytes, (unsigned long long)big,
+           (unsigned long long)stride);
     k3_stream_plan_print(&p, stdout, "");
     return 0;
 }

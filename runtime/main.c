@@ -63,6 +63,9 @@ static void usage(FILE *f)
             "                         and reports reads, I/O wait, hit rate and peak RSS\n"
             "  --plan                 with --ram: print the memory plan and exit\n"
             "  --trace FILE           with --ram: write every expert request to FILE\n"
+            "  --ram-piece SIZE       with --ram: stream the dense MLP and lm_head matrices larger\n"
+            "                         than SIZE in row pieces of at most SIZE (default 256M;\n"
+            "                         0: whole layers only)\n"
             "  --no-trunk-crc         with --ram: do not CRC-check streamed trunk units (expert\n"
             "                         records and pinned units are always checked)\n"
             "output:\n"
@@ -327,6 +330,7 @@ int main(int argc, char **argv)
     const char *ram_arg = NULL, *trace_path = NULL;
     uint64_t ram = 0;
     int plan_only = 0, trunk_crc = 1;
+    uint64_t piece = 256ull << 20;
     k3_io_fault_reset();
 
     for (int i = 1; i < argc; i++) {
@@ -399,6 +403,13 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--trace")) {
             NEEDV();
             trace_path = v;
+        } else if (!strcmp(a, "--ram-piece")) {
+            NEEDV();
+            if (!strcmp(v, "0"))
+                piece = 0;
+            else if (k3_stream_parse_budget(v, &piece, NULL) < 0 || piece <= K3_STREAM_DOUBLE ||
+                     piece == K3_STREAM_RESIDENT)
+                return dief(K3_EARG, "--ram-piece: '%s' is not a size (bytes, K/M/G) or 0", v);
         } else if (!strcmp(a, "--no-trunk-crc")) {
             trunk_crc = 0;
         } else if (!strcmp(a, "--plan")) {
@@ -562,6 +573,7 @@ int main(int argc, char **argv)
         so.nthreads = (uint32_t)omp_get_max_threads();
         so.trace_path = trace_path;
         so.trunk_crc = trunk_crc;
+        so.piece_bytes = piece;
         so.extra_bytes = (2 + (logits_all_path ? (uint64_t)n_ids : 0)) * 4ull * ws->cfg.vocab_size;
         rc = k3_ws_stream_plan(ws, &so, &run.plan, &e);
         if (rc < 0)

@@ -93,6 +93,7 @@ static cJSON *report_obj(const k3_stream_run *r)
     cJSON_AddNumberToObject(pl, "pinned_groups", q->n_pinned);
     cJSON_AddNumberToObject(pl, "ring", (double)q->mapped_ring);
     cJSON_AddBoolToObject(pl, "double_buffered", q->double_buffered);
+    cJSON_AddNumberToObject(pl, "piece_ring", (double)k3_stream_arena_bytes(q->piece_ring));
     cJSON_AddNumberToObject(pl, "expert_slots", q->expert_slots);
     cJSON_AddNumberToObject(pl, "expert_cache", (double)q->expert_bytes);
     cJSON_AddNumberToObject(pl, "kv", (double)q->kv);
