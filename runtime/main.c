@@ -12,7 +12,6 @@
  * becomes the special ids. Diagnostics on stderr; a failure is one line
  * "k3-run: error: ..." and the exit status of README.md.
  */
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
@@ -64,6 +63,9 @@ static void usage(FILE *f)
             "                         and reports reads, I/O wait, hit rate and peak RSS\n"
             "  --plan                 with --ram: print the memory plan and exit\n"
             "  --trace FILE           with --ram: write every expert request to FILE\n"
+            "  --ram-piece SIZE       with --ram: stream the dense MLP and lm_head matrices larger\n"
+            "                         than SIZE in row pieces of at most SIZE (default 256M;\n"
+            "                         0: whole layers only)\n"
             "  --no-trunk-crc         with --ram: do not CRC-check streamed trunk units (expert\n"
             "                         records and pinned units are always checked)\n"
             "output:\n"
@@ -328,6 +330,7 @@ int main(int argc, char **argv)
     const char *ram_arg = NULL, *trace_path = NULL;
     uint64_t ram = 0;
     int plan_only = 0, trunk_crc = 1;
+    uint64_t piece = 256ull << 20;
     k3_io_fault_reset();
 
     for (int i = 1; i < argc; i++) {
@@ -400,6 +403,13 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--trace")) {
             NEEDV();
             trace_path = v;
+        } else if (!strcmp(a, "--ram-piece")) {
+            NEEDV();
+            if (!strcmp(v, "0"))
+                piece = 0;
+            else if (k3_stream_parse_budget(v, &piece, NULL) < 0 || piece <= K3_STREAM_DOUBLE ||
+                     piece == K3_STREAM_RESIDENT)
+                return dief(K3_EARG, "--ram-piece: '%s' is not a size (bytes, K/M/G) or 0", v);
         } else if (!strcmp(a, "--no-trunk-crc")) {
             trunk_crc = 0;
         } else if (!strcmp(a, "--plan")) {
@@ -554,6 +564,27 @@ int main(int argc, char **argv)
         }
         n_ids = (uint32_t)n;
     }
+    k3_stream_opts so;
+    k3_stream_opts_init(&so);
+    if (ram_arg) {   /* plan before the model opens: it sizes its expert batches by the cache */
+        so.budget = ram;
+        so.max_chunk = (uint32_t)chunk;
+        so.max_ctx = n_ids + (uint32_t)gen;
+        so.nthreads = (uint32_t)omp_get_max_threads();
+        so.trace_path = trace_path;
+        so.trunk_crc = trunk_crc;
+        so.piece_bytes = piece;
+        so.extra_bytes = (2 + (logits_all_path ? (uint64_t)n_ids : 0)) * 4ull * ws->cfg.vocab_size;
+        rc = k3_ws_stream_plan(ws, &so, &run.plan, &e);
+        if (rc < 0)
+            goto out;
+        k3_stream_plan_print(&run.plan, stderr, "k3-run: ");
+        if (plan_only)
+            goto out;
+        if (!k3_ws_stream_direct(ws))
+            fprintf(stderr, "k3-run: warning: the filesystem refuses O_DIRECT for %s: buffered reads "
+                            "(the page cache may hold model bytes outside the budget)\n", model_dir);
+    }
     k3_model_opts mo = {(uint32_t)chunk};
     rc = k3_model_open(&m, ws, &mo, &e);
     if (rc < 0)
@@ -585,23 +616,6 @@ int main(int argc, char **argv)
             goto out;
     }
     if (ram_arg) {
-        k3_stream_opts so;
-        k3_stream_opts_init(&so);
-        so.budget = ram;
-        so.max_chunk = (uint32_t)chunk;
-        so.max_ctx = n_ids + (uint32_t)gen;
-        so.nthreads = (uint32_t)omp_get_max_threads();
-        so.trace_path = trace_path;
-        so.trunk_crc = trunk_crc;
-        rc = k3_ws_stream_plan(ws, &so, &run.plan, &e);
-        if (rc < 0)
-            goto out;
-        k3_stream_plan_print(&run.plan, stderr, "k3-run: ");
-        if (plan_only)
-            goto out;
-        if (!k3_ws_stream_direct(ws))
-            fprintf(stderr, "k3-run: warning: the filesystem refuses O_DIRECT for %s: buffered reads "
-                            "(the page cache may hold model bytes outside the budget)\n", model_dir);
         rc = k3_ws_stream_start(ws, &so, &run.plan, &e);
         if (rc < 0)
             goto out;
@@ -680,15 +694,13 @@ int main(int argc, char **argv)
         printf(",\"kernels\":\"%s\",\"threads\":%d,\"chunk\":%llu", k3_kern_name(), omp_get_max_threads(),
                (unsigned long long)chunk);
         if (ram_arg) {
-            cJSON *sj = k3_stream_report_json(&run);
-            char *j = sj ? cJSON_PrintUnformatted(sj) : NULL;
-            cJSON_Delete(sj);
-            if (!j) {
+            char *sj = k3_stream_report_json(&run);
+            if (!sj) {
                 rc = k3_err_set(&e, K3_ENOMEM, "out of memory");
                 goto out;
             }
-            printf(",\"stream\":%s", j);
-            free(j);
+            printf(",\"stream\":%s", sj);
+            free(sj);
         }
         printf("}\n");
         fflush(stdout);
