@@ -66,6 +66,7 @@ typedef struct k3_pack_opts {
     uint32_t max_ctx, max_chunk, nthreads;  /* the k3-run session the floor is computed for */
     uint64_t baseline;          /* k3-run RSS assumed at plan time */
     int resume, force, quiet, copy_only;
+    int dense;                  /* write zero blocks of the trunk instead of leaving holes */
     FILE *progress;
 } k3_pack_opts;
 

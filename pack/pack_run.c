@@ -257,7 +257,8 @@ static int copy_rows(copier *c, k3_conv_w *w, uint32_t ext, uint32_t t, uint64_t
     return 0;
 }
 
-static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out, k3_pack_stats *s, k3_err *e)
+static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out, int dense, k3_pack_stats *s,
+                       k3_err *e)
 {
     k3_man *m = &p->man;
     k3_pk_file *f = &m->files[out->file];
@@ -284,7 +285,7 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
     for (uint32_t u = 0; u < m->nunits; u++)
         of.regions[u] = (k3_conv_ext){m->units[u].offset, m->units[u].nbytes};
     of.nregions = m->nunits;
-    if ((rc = k3_conv_w_open(&w, tmp, &of, 0, e)))
+    if ((rc = k3_conv_w_open(&w, tmp, &of, dense, e)))
         goto out;
     opened = 1;
     for (uint32_t i = 0; i < p->ncopies && !rc; i++) {
@@ -563,7 +564,7 @@ int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err
             return rc;
         switch (out->how) {
         case K3_PACK_OUT_TRUNK:
-            rc = write_trunk(p, tmp, out, s, e);
+            rc = write_trunk(p, tmp, out, o->dense, s, e);
             break;
         case K3_PACK_OUT_EXPERTS:
             rc = write_experts(p, tmp, out, s, e);
