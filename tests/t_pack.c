@@ -191,7 +191,20 @@ K3_TEST_TIMEOUT(pack_four_floors_verify_and_run_bit_identical_with_experts_linke
     int multi = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m2, "trunk"), "tensors"))
-        multi += cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(t, "pieces")) > 1;
+    {
+        const cJSON *pcs = cJSON_GetObjectItemCaseSensitive(t, "pieces");
+        int np = cJSON_GetArraySize(pcs);
+        multi += np > 1;
+        /* the pieces of a split tensor are back to back in the file: a layer's
+         * units read in order give the whole tensor contiguous */
+        for (int k = 0; k + 1 < np; k++) {
+            const cJSON *x = cJSON_GetArrayItem(pcs, k), *y = cJSON_GetArrayItem(pcs, k + 1);
+            CHECK(cJSON_GetObjectItemCaseSensitive(x, "offset")->valuedouble +
+                      cJSON_GetObjectItemCaseSensitive(x, "nbytes")->valuedouble ==
+                  cJSON_GetObjectItemCaseSensitive(y, "offset")->valuedouble);
+            CHECK((long long)cJSON_GetObjectItemCaseSensitive(x, "nbytes")->valuedouble % 4096 == 0);
+        }
+    }
     CHECK(multi >= 1);
     cJSON_ArrayForEach(u, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m2, "trunk"), "units"))
         if ((int)cJSON_GetObjectItemCaseSensitive(u, "layer")->valuedouble != -1)
