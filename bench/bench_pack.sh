@@ -41,11 +41,11 @@ log "# probes (dd, O_DIRECT, 64 MiB requests, 4 GiB)"
 t0=$(now)
 dd if=/dev/zero of=probe.bin bs=64M count=64 oflag=direct conv=fsync status=none
 t1=$(now)
-wprobe=$(echo "4294967296 / ($t1 - $t0) / 1e9" | bc -l)
+wprobe=$(echo "4294967296 / ($t1 - $t0) / 1000000000" | bc -l)
 t0=$(now)
 dd if=probe.bin of=/dev/null bs=64M iflag=direct status=none
 t1=$(now)
-rprobe=$(echo "4294967296 / ($t1 - $t0) / 1e9" | bc -l)
+rprobe=$(echo "4294967296 / ($t1 - $t0) / 1000000000" | bc -l)
 rm -f probe.bin
 printf 'probe: write %.2f GB/s, read %.2f GB/s\n' "$wprobe" "$rprobe"
 
@@ -71,8 +71,8 @@ min=$(head -1 pack_sorted.txt | cut -d' ' -f1)
 max=$(tail -1 pack_sorted.txt | cut -d' ' -f1)
 printf 'repack (trunk only, --ram floor --dense, cold cache): median %.2f s (min %.2f, max %.2f)\n' "$1" "$min" "$max"
 printf '  trunk %s bytes written (%s bytes in total), experts %s bytes linked, peak RSS %s KB\n' "$4" "$2" "$3" "$5"
-printf '  %.2f GB/s written = %.0f%% of the write probe\n' "$(echo "$2 / $1 / 1e9" | bc -l)" \
-    "$(echo "100 * $2 / $1 / 1e9 / $wprobe" | bc -l)"
+printf '  %.2f GB/s written = %.0f%% of the write probe\n' "$(echo "$2 / $1 / 1000000000" | bc -l)" \
+    "$(echo "100 * $2 / $1 / 1000000000 / $wprobe" | bc -l)"
 du -s --apparent-size src/experts-*.k3e | awk '{s+=$1} END {printf "  expert files: %.2f GB apparent, shared by inode with the source\n", s*1024/1e9}'
 ls -i src/experts-0000.k3e A/experts-0000.k3e
 

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -490,7 +491,21 @@ static int same_plan_manifest(k3_pack_plan *p, const char *mp, k3_err *e)
                              mp);
 }
 
-int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e)
+/* Hold an exclusive lock on the temporary directory for the whole run, so
+ * that two k3-pack processes never work on the same DST at once. */
+static int lock_dir(const char *dir, int *fd, k3_err *e)
+{
+    if (*fd >= 0)
+        return 0;
+    *fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (*fd < 0)
+        return k3_err_sys(e, K3_EIO, errno, "%s: cannot open", dir);
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0)
+        return k3_err_set(e, K3_EEXIST, "%s: another k3-pack is writing it", dir);
+    return 0;
+}
+
+static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lockfd, k3_err *e)
 {
     memset(s, 0, sizeof *s);
     double t0 = now_s();
@@ -511,6 +526,8 @@ int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err
     journal_path(jdir, sizeof jdir, tmp, NULL);
     int resuming = 0;
     if (exists(tmp)) {
+        if ((rc = lock_dir(tmp, lockfd, e)))
+            return rc;
         int cmp = journal_plan_cmp(tmp, p);
         char mp[4400];
         snprintf(mp, sizeof mp, "%s/manifest.json", tmp);
@@ -544,6 +561,11 @@ int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err
     if (!resuming) {
         if (mkdir(tmp, 0755) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", tmp);
+        if (*lockfd >= 0)
+            close(*lockfd);   /* the lock of the removed temporary */
+        *lockfd = -1;
+        if ((rc = lock_dir(tmp, lockfd, e)))
+            return rc;
         if (mkdir(jdir, 0755) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", jdir);
         char hex[65];
@@ -646,4 +668,13 @@ publish:
         return rc;
     s->seconds = now_s() - t0;
     return 0;
+}
+
+int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e)
+{
+    int lockfd = -1;
+    int rc = run(p, o, s, &lockfd, e);
+    if (lockfd >= 0)
+        close(lockfd);
+    return rc;
 }

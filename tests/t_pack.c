@@ -307,6 +307,12 @@ K3_TEST_TIMEOUT(pack_killed_at_every_stage_leaves_dst_absent_then_resumes_to_the
         CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-pack --quiet %s %s %s", opts, src, dst), 7);
         CHECK_STR_CONTAINS(err, "--resume");
         free(err);
+        /* nor while another process holds the temporary */
+        if (i == 0) {
+            CHECK_EQ_INT(k3t_runf(NULL, &err, "flock %s k3-pack --quiet --resume %s %s %s", tdir, opts, src, dst), 7);
+            CHECK_STR_CONTAINS(err, "another k3-pack");
+            free(err);
+        }
         /* a different plan does not resume into it */
         CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack --quiet --resume --ram resident %s %s", src, dst), 7);
         CHECK(access(dst, F_OK) != 0);
