@@ -56,12 +56,12 @@ while [ $i -lt 3 ]; do
     rm -rf A
     sync
     echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
-    /usr/bin/time -f '%e %M' -o time.txt "$BIN/k3-pack" --quiet --dense --json --ram floor src A >pack.json
-    read -r secs rss <time.txt
+    /usr/bin/time -f '%e %M %U %S' -o time.txt "$BIN/k3-pack" --quiet --dense --json --ram floor src A >pack.json
+    read -r secs rss usr sys <time.txt
     written=$(sed 's/.*"bytes_written": \([0-9]*\).*/\1/' pack.json)
     linked=$(sed 's/.*"bytes_linked": \([0-9]*\).*/\1/' pack.json)
     trunk=$(sed 's/.*"trunk_bytes": \([0-9]*\).*/\1/' pack.json)
-    echo "$secs $written $linked $trunk $rss" >>pack_times.txt
+    echo "$secs $written $linked $trunk $rss $usr $sys" >>pack_times.txt
     i=$((i + 1))
 done
 sort -n pack_times.txt >pack_sorted.txt
@@ -70,11 +70,16 @@ set -- $med
 min=$(head -1 pack_sorted.txt | cut -d' ' -f1)
 max=$(tail -1 pack_sorted.txt | cut -d' ' -f1)
 printf 'repack (trunk only, --ram floor --dense, cold cache): median %.2f s (min %.2f, max %.2f)\n' "$1" "$min" "$max"
-printf '  trunk %s bytes written (%s bytes in total), experts %s bytes linked, peak RSS %s KB\n' "$4" "$2" "$3" "$5"
+printf '  trunk %s bytes written (%s bytes in total), experts %s bytes linked, peak RSS %s KB, CPU %s s user + %s s sys\n' \
+    "$4" "$2" "$3" "$5" "$6" "$7"
 printf '  %.2f GB/s written = %.0f%% of the write probe\n' "$(echo "$2 / $1 / 1000000000" | bc -l)" \
     "$(echo "100 * $2 / $1 / 1000000000 / $wprobe" | bc -l)"
 du -s --apparent-size src/experts-*.k3e | awk '{s+=$1} END {printf "  expert files: %.2f GB apparent, shared by inode with the source\n", s*1024/1e9}'
-ls -i src/experts-0000.k3e A/experts-0000.k3e
+for f in src/experts-*.k3e; do
+    b=$(basename "$f")
+    [ "$(stat -c %i "$f")" = "$(stat -c %i "A/$b")" ] || echo "  NOT LINKED: $b"
+done
+echo "  load average during the run: $(cut -d' ' -f1-3 /proc/loadavg) (2 cores)"
 
 # --- the same trunk for a smaller floor: 64 MiB units (row ranges), nothing pinned
 "$BIN/k3-pack" --plan --ram floor src | grep -E 'units|floor' | sed 's/^/  whole layers: /'

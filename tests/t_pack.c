@@ -456,6 +456,23 @@ K3_TEST(pack_refuses_bad_inputs_with_the_documented_status)
     CHECK_STR_CONTAINS(err, "CRC32");
     free(err);
     CHECK(access(dst, F_OK) != 0);
+    /* the same in the zero padding after the last tensor of the last unit
+     * (bytes no tensor copy reads) */
+    t = fopen(cp, "r+b");
+    CHECK(t != NULL);
+    if (t) {
+        fseek(t, 5000, SEEK_SET);
+        int c = fgetc(t);
+        fseek(t, 5000, SEEK_SET);
+        fputc(c ^ 0x10, t);
+        fseek(t, -1, SEEK_END);
+        fputc(0x01, t);
+        fclose(t);
+    }
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-pack --quiet --force --ram floor %s %s", sdir, dst), 5);
+    CHECK_STR_CONTAINS(err, "CRC32");
+    free(err);
+    CHECK(access(dst, F_OK) != 0);
     /* --copy: no shared inode, still verifies */
     CHECK(inode(sdir, "experts-0000.k3e") != inode(src, "experts-0000.k3e"));
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack --quiet --force --ram floor %s %s", src, sdir), 0);
