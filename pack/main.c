@@ -45,6 +45,7 @@ static void usage(FILE *f)
             "                      the k3-run session the floor is computed for (defaults\n"
             "                      4096, 64, 1, 16 MiB of process RSS)\n"
             "  --copy              copy unchanged files instead of linking them\n"
+            "  --dense             write the trunk's zero blocks instead of leaving holes\n"
             "  --resume            continue an interrupted repack of DST\n"
             "  --force             replace DST, or an interrupted repack's temporary\n"
             "  --json              print a JSON summary on stdout\n"
@@ -141,6 +142,8 @@ int main(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--plan")) {
             plan_only = 1;
+        } else if (!strcmp(a, "--dense")) {
+            o.dense = 1;
         } else if (!strcmp(a, "--copy")) {
             o.copy_only = 1;
         } else if (!strcmp(a, "--resume")) {

@@ -66,6 +66,7 @@ typedef struct k3_pack_opts {
     uint32_t max_ctx, max_chunk, nthreads;  /* the k3-run session the floor is computed for */
     uint64_t baseline;          /* k3-run RSS assumed at plan time */
     int resume, force, quiet, copy_only;
+    int dense;                  /* write zero blocks of the trunk instead of leaving holes */
     FILE *progress;
 } k3_pack_opts;
 
@@ -77,10 +78,11 @@ int k3_pack_parse_budget(const char *s, uint64_t *out, k3_err *e);
 /* Parse --pin: "none", "all", or a comma list of layers, ranges A-B and "head". */
 int k3_pack_parse_pin(const char *s, uint32_t ngroups, k3_pack_opts *o, k3_err *e);
 
-/* Where the bytes of one new piece come from: rows [row_begin, row_end) of
- * source tensor src_tensor. */
+/* One piece of the new trunk file, in file order: its rows are copied from
+ * the source tensor of the same index (both tables are sorted by name), from
+ * whichever source pieces hold them. */
 typedef struct k3_pack_copy {
-    uint32_t tensor;            /* index into plan->man.tensors (new) and src tensors (same name order) */
+    uint32_t tensor;            /* index into plan->man.tensors and plan->src_man.tensors */
     uint32_t piece;             /* index into the new tensor's pieces */
 } k3_pack_copy;
 
@@ -96,7 +98,7 @@ typedef struct k3_pack_out {
 
 typedef struct k3_pack_plan {
     char *src, *dst;
-    k3_pk *pk;                  /* the source, opened (buffered reads) */
+    k3_pk *pk;                  /* the source, opened O_DIRECT where possible */
     k3_man src_man;             /* the source manifest */
     uint8_t src_manifest_sha[32];
     k3_cfg cfg;

@@ -261,9 +261,6 @@ static int make_layout(const k3_man *m, const uint32_t *torder, uint64_t U, layo
                 a = b;
             }
         }
-        if (!open && g < nl + 1) {
-            /* a group with no tensor still gets no unit: the runtime sees an empty group */
-        }
     }
     if (t != m->ntensors)
         return k3_err_set(e, K3_EINTERNAL, "layout: %u of %u tensors placed", t, m->ntensors);
@@ -414,7 +411,6 @@ static char *plan_record(const k3_pack_plan *p, const k3_pack_opts *o)
                 cJSON_AddItemToArray(c, cJSON_CreateNumber((double)p->counts[(uint64_t)m * NE + p->order[(uint64_t)m * NE + i]]));
             cJSON_AddItemToArray(cnt, c);
         }
-        (void)nl;
     }
     char *txt = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
@@ -472,7 +468,7 @@ int k3_pack_plan_build(k3_pack_plan *p, const char *src, const char *dst, const 
     txt = NULL;
     if (rc)
         return rc;
-    if ((rc = k3_pk_open(&p->pk, p->src, 0, e)))
+    if ((rc = k3_pk_open(&p->pk, p->src, K3_PK_DIRECT, e)))
         return rc;
     p->cfg = p->src_man.cfg;
     const k3_man *sm = &p->src_man;

@@ -9,8 +9,9 @@
  * So at any kill point DST is either absent (the temporary can be resumed
  * with --resume, or removed with --force) or complete.
  *
- * Trunk bytes are copied piece by piece from the source (every source unit
- * CRC-checked before its bytes are used) into the new trunk file through the
+ * Trunk bytes are copied piece by piece from the source (read once, O_DIRECT
+ * where the filesystem allows; every source unit CRC-checked as it streams
+ * past, before the new trunk file is published) into the new trunk file through the
  * k3-convert output writer (convert/conv_out.c: hashes and unit CRCs computed
  * while writing, zero blocks left as holes). Expert files that do not change
  * are hard-linked, else reflinked (FICLONE), else copied; reordered expert
@@ -26,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -192,36 +194,106 @@ static int journal_take(const char *tmp, k3_pack_plan *p, const k3_pack_out *out
 
 /* ------------------------------------------------------------ trunk */
 
+/* Source trunk units are CRC-checked as their bytes stream past: each unit
+ * keeps a running CRC of its prefix [0, pos); a read at pos extends it, a
+ * read past pos first feeds the gap (padding between tensors), and a unit
+ * read out of order is checked by a separate full pass at the end. Every
+ * unit touched is checked before the new trunk file is published, so a
+ * corrupt source never yields a DST. */
+typedef struct srcunit {
+    uint64_t pos;
+    uint32_t crc;
+    uint8_t done, reread;
+} srcunit;
+
 typedef struct copier {
     k3_pack_plan *p;
-    uint8_t *buf;
-    uint8_t *verified;          /* per source unit: CRC checked */
+    uint8_t *buf;               /* K3_PACK_COPY_CHUNK, aligned */
+    uint8_t *bounce;            /* for unaligned O_DIRECT reads */
+    uint64_t bounce_cap;
+    uint8_t *gap, *gap_bounce;  /* GAP_CHUNK (+ 3 pages): reads that must not touch buf */
+    srcunit *su;                /* per source unit */
     uint64_t read;
 } copier;
 
-/* CRC-check a source unit (once) before any of its bytes are used. */
-static int verify_src_unit(copier *c, uint32_t su, k3_err *e)
+#define GAP_CHUNK (1u << 20)
+
+static int crc_mismatch(copier *c, uint32_t su, uint32_t got, k3_err *e)
 {
-    if (c->verified[su])
-        return 0;
     const k3_pk_unit *u = k3_pk_unit_at(c->p->pk, su);
-    uLong crc = crc32(0L, Z_NULL, 0);
-    for (uint64_t at = 0; at < u->nbytes;) {
-        uint64_t n = u->nbytes - at > K3_PACK_COPY_CHUNK ? K3_PACK_COPY_CHUNK : u->nbytes - at;
-        int rc = k3_pk_read(c->p->pk, u->file, c->buf, n, u->offset + at, NULL, 0, e);
+    return k3_err_set(e, K3_ECORRUPT,
+                      "%s: trunk unit %u (%s, offset %" PRIu64 ", layer %d) has CRC32 %08x, the manifest says %08x: "
+                      "the source is corrupt (run k3-verify)",
+                      c->p->src, su, k3_pk_file_at(c->p->pk, u->file)->name, u->offset, u->layer, got, u->crc32);
+}
+
+/* Read [from, to) of source unit su (relative to the unit) into the running CRC. */
+static int crc_feed_file(copier *c, uint32_t su, uint64_t from, uint64_t to, k3_err *e)
+{
+    const k3_pk_unit *u = k3_pk_unit_at(c->p->pk, su);
+    srcunit *s = &c->su[su];
+    uLong crc = s->crc;
+    while (from < to) {
+        uint64_t n = to - from > GAP_CHUNK ? GAP_CHUNK : to - from;
+        int rc = k3_pk_read(c->p->pk, u->file, c->gap, n, u->offset + from, c->gap_bounce, GAP_CHUNK + 3 * 4096, e);
         if (rc)
             return rc;
-        crc = crc32(crc, c->buf, (uInt)n);
-        at += n;
+        crc = crc32(crc, c->gap, (uInt)n);
+        from += n;
         c->read += n;
     }
-    if ((uint32_t)crc != u->crc32)
-        return k3_err_set(e, K3_ECORRUPT,
-                          "%s: trunk unit %u (%s, offset %" PRIu64 ", layer %d) has CRC32 %08lx, the manifest "
-                          "says %08x: the source is corrupt (run k3-verify)",
-                          c->p->src, su, k3_pk_file_at(c->p->pk, u->file)->name, u->offset, u->layer,
-                          (unsigned long)crc, u->crc32);
-    c->verified[su] = 1;
+    s->crc = (uint32_t)crc;
+    return 0;
+}
+
+/* The bytes [rel, rel + n) of source unit su were just read into data. */
+static int crc_track(copier *c, uint32_t su, uint64_t rel, const uint8_t *data, uint64_t n, k3_err *e)
+{
+    srcunit *s = &c->su[su];
+    if (s->done || s->reread)
+        return 0;
+    if (rel < s->pos) {
+        s->reread = 1;   /* out of order: a full pass at the end */
+        return 0;
+    }
+    int rc;
+    if (rel > s->pos) {
+        if ((rc = crc_feed_file(c, su, s->pos, rel, e)))
+            return rc;
+        s->pos = rel;
+    }
+    s->crc = (uint32_t)crc32(s->crc, data, (uInt)n);
+    s->pos += n;
+    const k3_pk_unit *u = k3_pk_unit_at(c->p->pk, su);
+    if (s->pos == u->nbytes) {
+        s->done = 1;
+        if (s->crc != u->crc32)
+            return crc_mismatch(c, su, s->crc, e);
+    }
+    return 0;
+}
+
+/* Finish every unit not yet checked (tail after the last tensor, or read out
+ * of order). */
+static int crc_finish(copier *c, k3_err *e)
+{
+    const uint32_t n = k3_pk_unit_count(c->p->pk);
+    for (uint32_t su = 0; su < n; su++) {
+        srcunit *s = &c->su[su];
+        if (s->done || (s->pos == 0 && !s->reread))
+            continue;   /* checked, or not used */
+        if (s->reread) {
+            s->pos = 0;
+            s->crc = (uint32_t)crc32(0L, Z_NULL, 0);
+        }
+        const k3_pk_unit *u = k3_pk_unit_at(c->p->pk, su);
+        int rc = crc_feed_file(c, su, s->pos, u->nbytes, e);
+        if (rc)
+            return rc;
+        s->done = 1;
+        if (s->crc != u->crc32)
+            return crc_mismatch(c, su, s->crc, e);
+    }
     return 0;
 }
 
@@ -236,16 +308,15 @@ static int copy_rows(copier *c, k3_conv_w *w, uint32_t ext, uint32_t t, uint64_t
         uint64_t r0 = a > sp->row_begin ? a : sp->row_begin, r1 = b < sp->row_end ? b : sp->row_end;
         if (r0 >= r1)
             continue;
-        int rc = verify_src_unit(c, sp->unit, e);
-        if (rc)
-            return rc;
-        const uint32_t file = k3_pk_unit_at(c->p->pk, sp->unit)->file;
+        const k3_pk_unit *u = k3_pk_unit_at(c->p->pk, sp->unit);
         uint64_t off = sp->offset + (r0 - sp->row_begin) * rb, n = (r1 - r0) * rb;
+        int rc;
         while (n) {
             if ((rc = check_stop(e)))
                 return rc;
             uint64_t take = n > K3_PACK_COPY_CHUNK ? K3_PACK_COPY_CHUNK : n;
-            if ((rc = k3_pk_read(c->p->pk, file, c->buf, take, off, NULL, 0, e)) ||
+            if ((rc = k3_pk_read(c->p->pk, u->file, c->buf, take, off, c->bounce, c->bounce_cap, e)) ||
+                (rc = crc_track(c, sp->unit, off - u->offset, c->buf, take, e)) ||
                 (rc = k3_conv_w_write(w, ext, done, c->buf, take, e)))
                 return rc;
             c->read += take;
@@ -257,7 +328,8 @@ static int copy_rows(copier *c, k3_conv_w *w, uint32_t ext, uint32_t t, uint64_t
     return 0;
 }
 
-static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out, k3_pack_stats *s, k3_err *e)
+static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out, int dense, k3_pack_stats *s,
+                       k3_err *e)
 {
     k3_man *m = &p->man;
     k3_pk_file *f = &m->files[out->file];
@@ -269,10 +341,15 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
     of.ext = calloc(p->ncopies + 1, sizeof *of.ext);
     of.regions = calloc(m->nunits + 1, sizeof *of.regions);
     of.region_crc = calloc(m->nunits + 1, sizeof *of.region_crc);
-    copier c = {p, k3_io_alloc_aligned(K3_PACK_COPY_CHUNK, 4096), calloc(p->src_man.nunits + 1, 1), 0};
+    copier c = {p, k3_io_alloc_aligned(K3_PACK_COPY_CHUNK, 4096), NULL, K3_PACK_COPY_CHUNK + 3 * 4096,
+                k3_io_alloc_aligned(GAP_CHUNK, 4096), k3_io_alloc_aligned(GAP_CHUNK + 3 * 4096, 4096),
+                calloc(p->src_man.nunits + 1, sizeof(srcunit)), 0};
+    c.bounce = k3_io_alloc_aligned(c.bounce_cap, 4096);
+    for (uint32_t u = 0; c.su && u < p->src_man.nunits; u++)
+        c.su[u].crc = (uint32_t)crc32(0L, Z_NULL, 0);
     k3_conv_w w;
     int rc = 0, opened = 0;
-    if (!of.ext || !of.regions || !of.region_crc || !c.buf || !c.verified) {
+    if (!of.ext || !of.regions || !of.region_crc || !c.buf || !c.bounce || !c.gap || !c.gap_bounce || !c.su) {
         rc = k3_err_set(e, K3_ENOMEM, "out of memory");
         goto out;
     }
@@ -284,7 +361,7 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
     for (uint32_t u = 0; u < m->nunits; u++)
         of.regions[u] = (k3_conv_ext){m->units[u].offset, m->units[u].nbytes};
     of.nregions = m->nunits;
-    if ((rc = k3_conv_w_open(&w, tmp, &of, 0, e)))
+    if ((rc = k3_conv_w_open(&w, tmp, &of, dense, e)))
         goto out;
     opened = 1;
     for (uint32_t i = 0; i < p->ncopies && !rc; i++) {
@@ -293,6 +370,8 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
         rc = copy_rows(&c, &w, i, cp->tensor, pc->row_begin, pc->row_end, e);
         crash_point("trunk", i);
     }
+    if (!rc)
+        rc = crc_finish(&c, e);
     if (!rc)
         rc = k3_conv_w_finish(&w, f->sha256, e);
     if (!rc)
@@ -309,7 +388,10 @@ out:
     free(of.regions);
     free(of.region_crc);
     k3_io_free_aligned(c.buf);
-    free(c.verified);
+    k3_io_free_aligned(c.bounce);
+    k3_io_free_aligned(c.gap);
+    k3_io_free_aligned(c.gap_bounce);
+    free(c.su);
     return rc;
 }
 
@@ -489,7 +571,21 @@ static int same_plan_manifest(k3_pack_plan *p, const char *mp, k3_err *e)
                              mp);
 }
 
-int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e)
+/* Hold an exclusive lock on the temporary directory for the whole run, so
+ * that two k3-pack processes never work on the same DST at once. */
+static int lock_dir(const char *dir, int *fd, k3_err *e)
+{
+    if (*fd >= 0)
+        return 0;
+    *fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (*fd < 0)
+        return k3_err_sys(e, K3_EIO, errno, "%s: cannot open", dir);
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0)
+        return k3_err_set(e, K3_EEXIST, "%s: another k3-pack is writing it", dir);
+    return 0;
+}
+
+static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lockfd, k3_err *e)
 {
     memset(s, 0, sizeof *s);
     double t0 = now_s();
@@ -510,6 +606,8 @@ int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err
     journal_path(jdir, sizeof jdir, tmp, NULL);
     int resuming = 0;
     if (exists(tmp)) {
+        if ((rc = lock_dir(tmp, lockfd, e)))
+            return rc;
         int cmp = journal_plan_cmp(tmp, p);
         char mp[4400];
         snprintf(mp, sizeof mp, "%s/manifest.json", tmp);
@@ -546,6 +644,11 @@ int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err
     if (!resuming) {
         if (mkdir(tmp, 0755) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", tmp);
+        if (*lockfd >= 0)
+            close(*lockfd);   /* the lock of the removed temporary */
+        *lockfd = -1;
+        if ((rc = lock_dir(tmp, lockfd, e)))
+            return rc;
         if (mkdir(jdir, 0755) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", jdir);
         char hex[65];
@@ -566,7 +669,7 @@ int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err
             return rc;
         switch (out->how) {
         case K3_PACK_OUT_TRUNK:
-            rc = write_trunk(p, tmp, out, s, e);
+            rc = write_trunk(p, tmp, out, o->dense, s, e);
             break;
         case K3_PACK_OUT_EXPERTS:
             rc = write_experts(p, tmp, out, s, e);
@@ -648,4 +751,13 @@ publish:
         return rc;
     s->seconds = now_s() - t0;
     return 0;
+}
+
+int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e)
+{
+    int lockfd = -1;
+    int rc = run(p, o, s, &lockfd, e);
+    if (lockfd >= 0)
+        close(lockfd);
+    return rc;
 }

@@ -191,7 +191,20 @@ K3_TEST_TIMEOUT(pack_four_floors_verify_and_run_bit_identical_with_experts_linke
     int multi = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m2, "trunk"), "tensors"))
-        multi += cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(t, "pieces")) > 1;
+    {
+        const cJSON *pcs = cJSON_GetObjectItemCaseSensitive(t, "pieces");
+        int np = cJSON_GetArraySize(pcs);
+        multi += np > 1;
+        /* the pieces of a split tensor are back to back in the file: a layer's
+         * units read in order give the whole tensor contiguous */
+        for (int k = 0; k + 1 < np; k++) {
+            const cJSON *x = cJSON_GetArrayItem(pcs, k), *y = cJSON_GetArrayItem(pcs, k + 1);
+            CHECK(cJSON_GetObjectItemCaseSensitive(x, "offset")->valuedouble +
+                      cJSON_GetObjectItemCaseSensitive(x, "nbytes")->valuedouble ==
+                  cJSON_GetObjectItemCaseSensitive(y, "offset")->valuedouble);
+            CHECK((long long)cJSON_GetObjectItemCaseSensitive(x, "nbytes")->valuedouble % 4096 == 0);
+        }
+    }
     CHECK(multi >= 1);
     cJSON_ArrayForEach(u, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m2, "trunk"), "units"))
         if ((int)cJSON_GetObjectItemCaseSensitive(u, "layer")->valuedouble != -1)
@@ -294,6 +307,12 @@ K3_TEST_TIMEOUT(pack_killed_at_every_stage_leaves_dst_absent_then_resumes_to_the
         CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-pack --quiet %s %s %s", opts, src, dst), 7);
         CHECK_STR_CONTAINS(err, "--resume");
         free(err);
+        /* nor while another process holds the temporary */
+        if (i == 0) {
+            CHECK_EQ_INT(k3t_runf(NULL, &err, "flock %s k3-pack --quiet --resume %s %s %s", tdir, opts, src, dst), 7);
+            CHECK_STR_CONTAINS(err, "another k3-pack");
+            free(err);
+        }
         /* a different plan does not resume into it */
         CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack --quiet --resume --ram resident %s %s", src, dst), 7);
         CHECK(access(dst, F_OK) != 0);
@@ -434,6 +453,23 @@ K3_TEST(pack_refuses_bad_inputs_with_the_documented_status)
         fclose(t);
     }
     CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-pack --quiet --ram floor %s %s", sdir, dst), 5);
+    CHECK_STR_CONTAINS(err, "CRC32");
+    free(err);
+    CHECK(access(dst, F_OK) != 0);
+    /* the same in the zero padding after the last tensor of the last unit
+     * (bytes no tensor copy reads) */
+    t = fopen(cp, "r+b");
+    CHECK(t != NULL);
+    if (t) {
+        fseek(t, 5000, SEEK_SET);
+        int c = fgetc(t);
+        fseek(t, 5000, SEEK_SET);
+        fputc(c ^ 0x10, t);
+        fseek(t, -1, SEEK_END);
+        fputc(0x01, t);
+        fclose(t);
+    }
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-pack --quiet --force --ram floor %s %s", sdir, dst), 5);
     CHECK_STR_CONTAINS(err, "CRC32");
     free(err);
     CHECK(access(dst, F_OK) != 0);
