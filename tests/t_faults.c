@@ -622,9 +622,12 @@ K3_TEST(faults_pack_fails_on_bad_source_reads_without_a_model)
 static void run_cell(const char *cell, const char *dir, const char *ram, const char *fault, const char *file,
                      int want, const char *lg)
 {
-    char *out = NULL, *err = NULL;
+    char *out = NULL, *err = NULL, lga[4200];
+    snprintf(lga, sizeof lga, "%s.all", lg);
     unlink(lg);
-    int st = k3t_runf(&out, &err, "K3_FAULT=%s k3-run %s " RUN_IDS " %s --logits %s", fault, dir, ram, lg);
+    unlink(lga);
+    int st = k3t_runf(&out, &err, "K3_FAULT=%s k3-run %s " RUN_IDS " %s --logits %s --logits-all %s", fault, dir, ram,
+                      lg, lga);
     if (st != want)
         bad(cell, "status %d, want %d (%s)", st, want, tail(err));
     else
@@ -633,6 +636,8 @@ static void run_cell(const char *cell, const char *dir, const char *ram, const c
         bad(cell, "tokens on stdout: \"%s\"", out);
     if (exists(lg))
         bad(cell, "the --logits file was created");
+    if (exists(lga))
+        bad(cell, "the --logits-all file was created");
     free(out);
     free(err);
 }
