@@ -229,8 +229,11 @@ K3_TEST_TIMEOUT(kill_synth_leaves_nothing_or_the_whole_checkpoint, 300)
 
 /* ------------------------------------------------------------ k3-convert */
 
+/* Kill k3-convert (at hook, or after delay seconds), check what is left;
+ * if delay2 >= 0 kill the first --resume after delay2 seconds too and check
+ * again; then --resume to the end. */
 static void convert_point(const char *up, const char *pk, const char *dst, const char *what, const char *hook,
-                          double delay)
+                          double delay, double delay2)
 {
     char cmd[8800];
     snprintf(cmd, sizeof cmd, "env K3_CONVERT_CRASH=%s k3-convert --quiet %s %s", hook, up, dst);
@@ -245,6 +248,13 @@ static void convert_point(const char *up, const char *pk, const char *dst, const
         CHECK_EQ_INT(st, 137);
     }
     check_packed_after_kill(what, dst, pk);
+    if (delay2 >= 0) {
+        char what2[256];
+        snprintf(what2, sizeof what2, "%s, its --resume killed after %.4f s", what, delay2);
+        snprintf(cmd, sizeof cmd, "k3-convert --quiet --resume %s %s", up, dst);
+        killed_after(delay2, cmd);
+        check_packed_after_kill(what2, dst, pk);
+    }
     char *err = NULL;
     st = k3t_runf(NULL, &err, "k3-convert --quiet --resume %s %s", up, dst);
     if (st != 0)
@@ -269,9 +279,9 @@ K3_TEST_TIMEOUT(kill_convert_at_every_step_then_resume_is_byte_identical, 300)
             char hook[64], what[128];
             snprintf(hook, sizeof hook, "%s:%d", stages[s], g);
             snprintf(what, sizeof what, "k3-convert killed at %s", hook);
-            convert_point(up, pk, dst, what, hook, -1);
+            convert_point(up, pk, dst, what, hook, -1, -1);
         }
-    convert_point(up, pk, dst, "k3-convert killed at index", "index:0", -1);
+    convert_point(up, pk, dst, "k3-convert killed at index", "index:0", -1, -1);
 }
 
 K3_TEST_TIMEOUT(kill_convert_at_random_times_then_resume_is_byte_identical, 300)
@@ -287,14 +297,17 @@ K3_TEST_TIMEOUT(kill_convert_at_random_times_then_resume_is_byte_identical, 300)
         double d = t * 1.1 * (double)(rng_next() >> 11) / 9007199254740992.0;
         char what[128];
         snprintf(what, sizeof what, "k3-convert killed after %.4f s (of %.4f)", d, t);
-        convert_point(up, pk, dst, what, "none", d);
+        /* every other point also kills the first --resume */
+        double d2 = i % 2 ? t * (double)(rng_next() >> 11) / 9007199254740992.0 : -1;
+        convert_point(up, pk, dst, what, "none", d, d2);
     }
 }
 
 /* ------------------------------------------------------------ k3-pack */
 
+/* As convert_point, for k3-pack. */
 static void pack_point(const char *pk, const char *pf, const char *dst, const char *what, const char *hook,
-                       double delay)
+                       double delay, double delay2)
 {
     char cmd[8800];
     snprintf(cmd, sizeof cmd, "env K3_PACK_CRASH=%s k3-pack --quiet --ram floor %s %s", hook, pk, dst);
@@ -312,6 +325,15 @@ static void pack_point(const char *pk, const char *pf, const char *dst, const ch
     if (check_packed_after_kill(what, dst, pf))
         return;
     CHECK(!exists(dst));
+    if (delay2 >= 0) {
+        char what2[256];
+        snprintf(what2, sizeof what2, "%s, its --resume killed after %.4f s", what, delay2);
+        snprintf(cmd, sizeof cmd, "k3-pack --quiet --resume --ram floor %s %s", pk, dst);
+        killed_after(delay2, cmd);
+        if (check_packed_after_kill(what2, dst, pf))
+            return;
+        CHECK(!exists(dst));
+    }
     char *err = NULL;
     st = k3t_runf(NULL, &err, "k3-pack --quiet --resume --ram floor %s %s", pk, dst);
     if (st != 0)
@@ -342,17 +364,17 @@ K3_TEST_TIMEOUT(kill_pack_at_every_step_then_resume_is_byte_identical, 300)
         int piece = k == 0 ? 0 : k == 1 ? pieces - 1 : (int)(rng_next() % (uint64_t)pieces);
         snprintf(hook, sizeof hook, "trunk:%d", piece);
         snprintf(what, sizeof what, "k3-pack killed at %s", hook);
-        pack_point(pk, pf, dst, what, hook, -1);
+        pack_point(pk, pf, dst, what, hook, -1, -1);
     }
     static const char *stages[2] = {"file", "journaled"};
     for (int s = 0; s < 2; s++)
         for (int f = 0; f < nfiles; f++) {
             snprintf(hook, sizeof hook, "%s:%d", stages[s], f);
             snprintf(what, sizeof what, "k3-pack killed at %s", hook);
-            pack_point(pk, pf, dst, what, hook, -1);
+            pack_point(pk, pf, dst, what, hook, -1, -1);
         }
-    pack_point(pk, pf, dst, "k3-pack killed at manifest", "manifest:0", -1);
-    pack_point(pk, pf, dst, "k3-pack killed at renaming", "renaming:0", -1);
+    pack_point(pk, pf, dst, "k3-pack killed at manifest", "manifest:0", -1, -1);
+    pack_point(pk, pf, dst, "k3-pack killed at renaming", "renaming:0", -1, -1);
 }
 
 K3_TEST_TIMEOUT(kill_pack_at_random_times_then_resume_is_byte_identical, 300)
@@ -369,7 +391,8 @@ K3_TEST_TIMEOUT(kill_pack_at_random_times_then_resume_is_byte_identical, 300)
         double d = t * 1.1 * (double)(rng_next() >> 11) / 9007199254740992.0;
         char what[128];
         snprintf(what, sizeof what, "k3-pack killed after %.4f s (of %.4f)", d, t);
-        pack_point(pk, pf, dst, what, "none", d);
+        double d2 = i % 2 ? t * (double)(rng_next() >> 11) / 9007199254740992.0 : -1;
+        pack_point(pk, pf, dst, what, "none", d, d2);
     }
 }
 
