@@ -14,15 +14,19 @@
  * Kill points are of two sorts: every stop point the tools' test hooks offer
  * (K3_CONVERT_CRASH, K3_PACK_CRASH: SIGKILL raised at a named step), and
  * SIGKILL after a delay drawn from a seeded generator across the measured
- * length of a run (timeout -s KILL), which also lands between the named
+ * length of a run (fork, sleep, kill, reap), which also lands between the named
  * steps. K3_KILL_POINTS=N sets the number of random points per tool (default
  * 6; try 200 by hand), K3_KILL_SEED the seed (default 1).
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -156,10 +160,37 @@ static double timed(const char *cmd)
     return now_s() - t0;
 }
 
-/* Run cmd under SIGKILL after delay seconds; returns the status (137: killed). */
+/* Run cmd under SIGKILL after delay seconds; returns the status (137:
+ * killed). The process is reaped before this returns (timeout(1) would
+ * signal its whole group and may return before the tool is gone, while it
+ * still holds its lock), and the shell execs the tool so the signal reaches
+ * it directly. */
 static int killed_after(double delay, const char *cmd)
 {
-    int st = k3t_runf(NULL, NULL, "timeout -s KILL %.4f %s", delay, cmd);
+    char *full = NULL;
+    CHECK(asprintf(&full, "exec %s", cmd) > 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        int fd = open("/dev/null", O_RDWR);
+        if (fd >= 0) {
+            dup2(fd, 0);
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+        _exit(127);
+    }
+    struct timespec ts = {(time_t)delay, (long)((delay - (double)(time_t)delay) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    kill(pid, SIGKILL);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    free(full);
+    int st = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
     if (st != 0 && st != 137) {
         fprintf(stderr, "  after %.4f s: %s: status %d\n", delay, cmd, st);
         CHECK(st == 0 || st == 137);
