@@ -23,7 +23,13 @@
  * list) rejects a model converted from bytes that were not the published
  * ones, and `k3-verify --sums SUMS SRC` rejects the source under the same
  * fault. Packed data carries CRC32 per unit/record and SHA-256 per file, so
- * from there on every flipped byte is caught where it is read.
+ * from there on every flipped byte is caught where it is read. k3-run on an
+ * upstream checkpoint can only catch what a header check sees: run
+ * `k3-verify --sums` on it first.
+ *
+ * "short" is simulated by asking the kernel for one byte less; on a file
+ * opened with O_DIRECT that request itself fails (EINVAL), so there it tests
+ * the error path rather than a short count - the status is 4 either way.
  *
  * The matrices report every failing cell before the test fails, so one run
  * shows the whole picture.
