@@ -823,3 +823,104 @@ K3_TEST(faults_run_fault_during_generation_stops_with_only_good_tokens_out)
     }
     CHECK_EQ_INT(nbad, 0);
 }
+
+/* ------------------------------------------------------------ journals */
+
+/* A digit of the value after k2 after k1 in the file whose flip is still a
+ * digit of the same kind (the text still parses). */
+static uint64_t flip_after(const char *path, const char *k1, const char *k2)
+{
+    uint64_t n;
+    char *b = slurp(path, &n);
+    CHECK(b != NULL);
+    char *p = strstr(b, k1);
+    CHECK(p != NULL);
+    p = strstr(p + strlen(k1), k2);
+    CHECK(p != NULL);
+    p += strlen(k2);
+    while (*p && !(hexd(*p) && hexd(*p ^ 1)))
+        p++;
+    CHECK(*p);
+    uint64_t off = (uint64_t)(p - b);
+    free(b);
+    return off;
+}
+
+/* Interrupt k3-convert after group 2's journal entry (groups 0-2 done). */
+static void convert_interrupted(const fixture *f)
+{
+    clean(f->out);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_CONVERT_CRASH=journaled:2 k3-convert --quiet %s %s", f->up, f->out), 137);
+}
+
+/* A journal read that fails is no reason to stop: the group is redone. A
+ * plan that cannot be read stops --resume with 4 and leaves DST resumable;
+ * one that reads as another plan's asks for --force (7). */
+K3_TEST(faults_convert_resume_with_an_unreadable_journal_redoes_or_stops_cleanly)
+{
+    fixture f;
+    fixture_make(&f, 0);
+    for (int k = 0; k < 2; k++) {
+        char cell[256], *out = NULL, *err = NULL;
+        snprintf(cell, sizeof cell, "k3-convert --resume, %s reading group-0000.json", kinds[k]);
+        convert_interrupted(&f);
+        int st = k3t_runf(&out, &err, "K3_FAULT=%s:group-0000.json:0 k3-convert --quiet --json --resume %s %s", kinds[k],
+                          f.up, f.out);
+        if (st != 0 || !out || !strstr(out, "\"groups_skipped\": 2"))
+            bad(cell, "status %d, want 0 with group 0 redone: %s %s", st, out ? out : "", tail(err));
+        free(out);
+        free(err);
+        out = NULL;
+        if (k3t_runf(&out, NULL, "diff -r %s %s", f.out, f.pk) != 0)
+            bad(cell, "the result differs from an uninterrupted run: %s", out ? out : "");
+        free(out);
+    }
+    char plan[4096];
+    join(plan, f.out, ".k3-convert-journal/plan.json");
+    for (int k = 0; k < 3; k++) {
+        char cell[256], *err = NULL, *out = NULL;
+        snprintf(cell, sizeof cell, "k3-convert --resume, %s reading plan.json", kinds[k]);
+        convert_interrupted(&f);
+        uint64_t off = k < 2 ? 0 : flip_after(plan, "\"fingerprint\"", ":");
+        int st = k3t_runf(NULL, &err, "K3_FAULT=%s:plan.json:%llu k3-convert --quiet --resume %s %s", kinds[k],
+                          (unsigned long long)off, f.up, f.out);
+        int want = k < 2 ? 4 : 7;
+        if (st != want)
+            bad(cell, "status %d, want %d (%s)", st, want, tail(err));
+        else
+            one_error_line(cell, "k3-convert", err, k < 2 ? "plan.json" : f.out);
+        no_valid_output(cell, f.out);
+        free(err);
+        if ((st = k3t_runf(NULL, &err, "k3-convert --quiet --resume %s %s", f.up, f.out)) != 0)
+            bad(cell, "a clean --resume afterwards: status %d (%s)", st, tail(err));
+        else if (k3t_runf(&out, NULL, "diff -r %s %s", f.out, f.pk) != 0)
+            bad(cell, "a clean --resume afterwards differs from an uninterrupted run: %s", out ? out : "");
+        free(out);
+        free(err);
+    }
+    CHECK_EQ_INT(nbad, 0);
+}
+
+/* k3-pack, interrupted after output file 3's journal entry (the trunk file
+ * is journaled): an unreadable entry means the file is written again. */
+K3_TEST(faults_pack_resume_with_an_unreadable_journal_entry_redoes_the_file)
+{
+    fixture f;
+    fixture_make(&f, 1);
+    for (int k = 0; k < 2; k++) {
+        char cell[256], *out = NULL, *err = NULL;
+        snprintf(cell, sizeof cell, "k3-pack --resume, %s reading trunk-0000.k3t.json", kinds[k]);
+        clean(f.out);
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_PACK_CRASH=journaled:3 k3-pack --quiet --ram floor %s %s", f.pk, f.out),
+                     137);
+        int st = k3t_runf(NULL, &err, "K3_FAULT=%s:trunk-0000.k3t.json:0 k3-pack --quiet --resume --ram floor %s %s",
+                          kinds[k], f.pk, f.out);
+        if (st != 0)
+            bad(cell, "status %d, want 0 (%s)", st, tail(err));
+        else if (k3t_runf(&out, NULL, "diff -r %s %s", f.out, f.pf) != 0)
+            bad(cell, "the result differs from an uninterrupted run: %s", out ? out : "");
+        free(out);
+        free(err);
+    }
+    CHECK_EQ_INT(nbad, 0);
+}
