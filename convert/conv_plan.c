@@ -198,32 +198,23 @@ static int fingerprint(k3_conv_plan *p, k3_err *e)
     return 0;
 }
 
-/* One group per shard. An expert whose tensors straddle a shard boundary
- * belongs to the group of its last tensor; that group fetches the earlier
- * parts with direct reads before streaming its shard (conv_run.c), so no
- * group depends on another and every shard is resumable on its own. */
+/* One group per shard. An expert (or a layer's trunk) whose tensors
+ * straddle a shard boundary belongs to the group of its last tensor; that
+ * group fetches the earlier parts with direct reads before streaming its
+ * shard (conv_run.c), so no group depends on another and every shard is
+ * resumable on its own. */
 static int make_groups(k3_conv_plan *p, k3_err *e)
 {
     uint32_t ns = k3_st_shard_count(p->st);
-    uint8_t *join = calloc(ns ? ns : 1, 1); /* never set: kept for grouping rules to come */
-    if (!join)
-        return k3_err_set(e, K3_ENOMEM, "out of memory");
     p->groups = calloc(ns ? ns : 1, sizeof *p->groups);
-    if (!p->groups) {
-        free(join);
+    if (!p->groups)
         return k3_err_set(e, K3_ENOMEM, "out of memory");
-    }
-    uint32_t s = 0;
-    while (s < ns) {
+    for (uint32_t s = 0; s < ns; s++) {
         k3_conv_group *g = &p->groups[p->ngroups++];
         g->shard_first = s;
-        while (s + 1 < ns && join[s])
-            s++;
-        g->shard_end = ++s;
-        for (uint32_t k = g->shard_first; k < g->shard_end; k++)
-            g->input_bytes += k3_st_shard_size(p->st, k);
+        g->shard_end = s + 1;
+        g->input_bytes = k3_st_shard_size(p->st, s);
     }
-    free(join);
     return 0;
 }
 
