@@ -82,8 +82,11 @@ if [ -z "$cfg" ]; then
         cp "$W/k3cfg/config.json" "$W/k3-config.json" && rm -rf "$W/k3cfg" && cfg="$W/k3-config.json"
 fi
 if [ -n "$cfg" ]; then
-    for ctx in 4096 1024; do
-        "$BIN/bench-bench_stream" --plan "$cfg" --ctx $ctx --chunk 16 --threads 2 --ram floor | sed 's/^/[K3 plan] /'
+    for piece in 0 128M; do
+        for ctx in 4096 1024; do
+            "$BIN/bench-bench_stream" --plan "$cfg" --ctx $ctx --chunk 16 --threads 2 --piece $piece --ram floor |
+                sed 's/^/[K3 plan] /'
+        done
     done
 fi
 [ "${KEEP:-0}" = 1 ] || rm -rf "$W"
