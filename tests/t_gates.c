@@ -217,3 +217,25 @@ K3_TEST(gate4_prompt_chunk_size_changes_no_logit_bit)
     }
     free(first);
 }
+
+/* tests/ref/f32floor.py (the float32 floor of tests/ref/README.md) really
+ * perturbs the products: zero noise changes nothing, float32 rounding moves
+ * the logits by more than nothing and, on seed 1, less than the gate. */
+K3_TEST_TIMEOUT(f32floor_perturbs_only_what_it_says, 120)
+{
+    synth_tiny();
+    char *out = NULL;
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "/usr/bin/python3 %s/tests/ref/f32floor.py %s --ids " GATE_IDS " --noise 0",
+                          k3t_root(), up_dir), 0);
+    CHECK(out && strstr(out, "rel=0.000e+00") != NULL);
+    free(out);
+    out = NULL;
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "/usr/bin/python3 %s/tests/ref/f32floor.py %s --ids " GATE_IDS, k3t_root(), up_dir),
+                 0);
+    const char *p = out ? strstr(out, "rel=") : NULL;
+    CHECK(p != NULL);
+    double rel = strtod(p + 4, NULL);
+    fprintf(stderr, "float32 floor on seed 1: %.3e\n", rel);
+    CHECK(rel > 1e-7 && rel < 1e-4);
+    free(out);
+}
