@@ -222,6 +222,8 @@ int main(int argc, char **argv)
            "cpu ms", "GB/s", "GFLOP/s", "/trd", "/read");
 
     static const uint32_t Ts[] = {1, 4, 16, 64};
+    /* cold medians kept for the summary: [shape][threads-1][T index] */
+    double cold_wall[6][2][4] = {{{0}}}, cold_cpu[6][2][4] = {{{0}}};
     double *times = malloc(runs * sizeof *times), *cpus = malloc(runs * sizeof *cpus);
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const struct shape *s = &shapes[si];
@@ -291,6 +293,10 @@ int main(int argc, char **argv)
                     double flop = 2.0 * (double)rows * (double)s->cols * T;
                     char mm[40];
                     snprintf(mm, sizeof mm, "(%.3f-%.3f)", times[0] * 1e3, times[runs - 1] * 1e3);
+                    if (!hot) {
+                        cold_wall[si][th - 1][ti] = med;
+                        cold_cpu[si][th - 1][ti] = cmed;
+                    }
                     printf("%-5s %-10s %-4s %2d %3u %9.3f %17s %7.1f %7.1f %5.2f %5.2f | %8.3f %7.1f "
                            "%7.1f %5.2f %5.2f\n",
                            s->mx ? "mxfp4" : "bf16", name, hot ? "hot" : "cold", th, T, med * 1e3,
@@ -305,6 +311,23 @@ int main(int argc, char **argv)
         k3_io_huge_free(pool, copies * stride);
         k3_io_free_aligned(X);
         k3_io_free_aligned(Y);
+    }
+    printf("\nsummary (cold): T=1 weight GB/s over the triad probe, and the time of T=16\n"
+           "and T=64 over the time of T=1 (wall | cpu)\n");
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const struct shape *s = &shapes[si];
+        if (only && strcmp(only, s->mx ? "mx" : "bf16"))
+            continue;
+        for (int th = 1; th <= 2; th++) {
+            double wb = (double)weight_bytes(s, s->rows);
+            double w1 = cold_wall[si][th - 1][0], c1 = cold_cpu[si][th - 1][0];
+            printf("%-5s %5llux%-5llu %d thread%s: T=1 %.2f | %.2f of triad;  T=16 %.1fx | %.1fx;  "
+                   "T=64 %.1fx | %.1fx\n", s->mx ? "mxfp4" : "bf16", (unsigned long long)s->rows,
+                   (unsigned long long)s->cols, th, th > 1 ? "s" : " ",
+                   wb / w1 / 1e9 / bw[th].triad, wb / c1 / 1e9 / bw[th].triad_cpu,
+                   cold_wall[si][th - 1][2] / w1, cold_cpu[si][th - 1][2] / c1,
+                   cold_wall[si][th - 1][3] / w1, cold_cpu[si][th - 1][3] / c1);
+        }
     }
     free(times);
     free(cpus);

@@ -30,7 +30,6 @@
 struct cpu_caps {
     int avx2;       /* AVX2 + FMA + OS saves ymm */
     int avx512;     /* F + BW + VL + DQ + OS saves zmm/opmask */
-    int avx512bf16;
 };
 
 static unsigned long long xgetbv0(void)
@@ -59,8 +58,6 @@ static struct cpu_caps cpu_caps_probe(void)
     int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
     c.avx2 = ymm_ok && avx2 && fma;
     c.avx512 = c.avx2 && zmm_ok && f && dq && bw && vl;
-    __cpuid_count(7, 1, a, b, cx, d);
-    c.avx512bf16 = c.avx512 && ((a >> 5) & 1);
     return c;
 }
 

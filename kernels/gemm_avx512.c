@@ -431,13 +431,13 @@ static const struct mx_tiles *mx_tiles_pick(void)
 AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
                    const float *xp, float *Y, uint64_t r, uint64_t r_end, const int R)
 {
-    /* Rows are only cols/2 bytes long, so four interleaved short streams
-     * defeat the hardware prefetchers: fetch the next block of R rows (R
-     * lines of packed bytes per group here when R = 4, its scales in the first
-     * groups) while this one is decoded. */
+    /* Rows are only cols/2 bytes long, so R interleaved short streams defeat
+     * the hardware prefetchers: fetch the next block of R rows (R/4 lines of
+     * packed bytes per group, its scales in the first groups) while this one
+     * is decoded. 8 rows per block: one x load serves 8 rows. */
     const char *pf_p = NULL, *pf_s = NULL;
     uint64_t pf_s_bytes = 0;
-    if (R == 4 && r + 2 * (uint64_t)R <= r_end) {
+    if (R >= 4 && r + 2 * (uint64_t)R <= r_end) {
         pf_p = (const char *)(packed + (r + (uint64_t)R) * (cols / 2));
         pf_s = (const char *)(scales + (r + (uint64_t)R) * (cols / 32));
         pf_s_bytes = (uint64_t)R * (cols / 32);
@@ -447,9 +447,9 @@ AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, 
     const __m512i un_lo = _mm512_set_epi32(29, 13, 25, 9, 21, 5, 17, 1, 28, 12, 24, 8, 20, 4, 16, 0);
     const __m512i un_hi = _mm512_set_epi32(31, 15, 27, 11, 23, 7, 19, 3, 30, 14, 26, 10, 22, 6, 18, 2);
     uint64_t groups = cols / 32;
-    __m512 acc[4][2];
-    const uint8_t *p[4], *sc[4];
-#pragma GCC unroll 4
+    __m512 acc[8][2];
+    const uint8_t *p[8], *sc[8];
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
         acc[i][0] = acc[i][1] = _mm512_setzero_ps();
         p[i] = packed + (r + (uint64_t)i) * (cols / 2);
@@ -457,12 +457,13 @@ AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, 
     }
     for (uint64_t g = 0; g < groups; g++) {
         if (pf_p) {
-            _mm_prefetch(pf_p + g * 64, _MM_HINT_T0);
+            for (int q = 0; q < R / 4; q++)
+                _mm_prefetch(pf_p + (g * (uint64_t)(R / 4) + (uint64_t)q) * 64, _MM_HINT_T0);
             if (g * 64 < pf_s_bytes)
                 _mm_prefetch(pf_s + g * 64, _MM_HINT_T0);
         }
         __m512 xe = _mm512_load_ps(xp + g * 32), xo = _mm512_load_ps(xp + g * 32 + 16);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             uint8_t s = sc[i][g];
             if (s == 255)
@@ -475,7 +476,7 @@ AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, 
             acc[i][1] = _mm512_fmadd_ps(wo, xo, acc[i][1]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
         __m512 lo = _mm512_permutex2var_ps(acc[i][0], un_lo, acc[i][1]);
         __m512 hi = _mm512_permutex2var_ps(acc[i][0], un_hi, acc[i][1]);
@@ -484,6 +485,7 @@ AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, 
 }
 
 static void mx_t1_4(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 4); }
+static void mx_t1_8(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 8); }
 static void mx_t1_1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 1); }
 
 /* xp = x with each group of 32 reordered: 16 even elements then 16 odd ones,
@@ -508,6 +510,8 @@ static void avx512_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, ui
     if (T == 1 && cols <= MX_T1_MAX_COLS) {
         _Alignas(64) float xp[MX_T1_MAX_COLS];
         mx_t1_permute_x(X, cols, xp);
+        for (; r + 8 <= r1; r += 8)
+            mx_t1_8(packed, scales, rows, cols, xp, Y, r, r1);
         for (; r + 4 <= r1; r += 4)
             mx_t1_4(packed, scales, rows, cols, xp, Y, r, r1);
         for (; r < r1; r++)
