@@ -1,7 +1,8 @@
 /*
  * bench_stream.c - the O_DIRECT read bandwidth of a packed model's own
  * files, the I/O limit bench_stream.sh sets k3-run --ram against: the trunk
- * read as the ring reads it (units in 16 MiB chunks over THREADS parallel
+ * read as the ring reads it (the units of the layers and the head - not the
+ * embedding, which is read row by row - in 16 MiB chunks over THREADS parallel
  * preads into a 2 MiB-aligned huge-page buffer) and expert records read as the cache reads them (random
  * records, whole stride, THREADS parallel preads into huge-page slots).
  * Page cache cannot help: every read is O_DIRECT (a file that refuses
@@ -310,7 +311,7 @@ int main(int argc, char **argv)
      * the threads, into one huge-page buffer */
     uint64_t umax = 0;
     for (uint32_t u = 0; u < k3_pk_unit_count(pk); u++)
-        if (k3_pk_unit_at(pk, u)->nbytes > umax)
+        if (k3_pk_unit_at(pk, u)->nbytes > umax && k3_pk_unit_at(pk, u)->layer != K3_PK_LAYER_EMBED)
             umax = k3_pk_unit_at(pk, u)->nbytes;
     uint8_t *ubuf = k3_io_huge_alloc(umax);
     double tr[4];
@@ -319,6 +320,8 @@ int main(int argc, char **argv)
         double t0 = now_s();
         for (uint32_t u = 0; bytes < mb * 1000000ull; u = (u + 1) % k3_pk_unit_count(pk)) {
             const k3_pk_unit *un = k3_pk_unit_at(pk, u);
+            if (un->layer == K3_PK_LAYER_EMBED)   /* read row by row, never streamed whole */
+                continue;
             tjob tj[64];
             pthread_t th[64];
             for (uint32_t t = 0; t < nth; t++) {

@@ -3,9 +3,10 @@
 # 1-2 MoE, real K3 matrix sizes: ~38 GB packed, experts far larger than any
 # budget tried), at the floor, 4 GiB and 16 GiB, against two lower bounds
 # measured in the same run:
-#   I/O bound     = bytes the run read per decode token (trunk + experts) /
-#                   the O_DIRECT read bandwidth of the same files
-#                   (bench-bench_stream: parallel preads into huge pages);
+#   I/O bound     = bytes the run read per decode token, trunk and experts
+#                   each divided by the O_DIRECT read bandwidth of the same
+#                   files read the same way (bench-bench_stream: parallel
+#                   preads into huge pages);
 #   compute bound = decode s/token minus the time the model waited for reads
 #                   (what the same run would take with free I/O).
 # Also prints the memory plan of the real K3 shape (93 layers, 896 experts)
@@ -58,10 +59,10 @@ for b in $BUDGETS; do
 import json, sys
 r = json.load(open(sys.argv[1]))["stream"]
 p = json.loads(sys.argv[2])
-bw = max(p["trunk_gbps"], p["experts_gbps"]) * 1e9
 d = r["decode"]
 s = d["s_per_token"]
-io = (d["trunk_bytes_per_token"] + d["expert_bytes_per_token"]) / bw
+io = d["trunk_bytes_per_token"] / (p["trunk_gbps"] * 1e9) + d["expert_bytes_per_token"] / (p["experts_gbps"] * 1e9)
+bw = (d["trunk_bytes_per_token"] + d["expert_bytes_per_token"]) / io if io > 0 else 0
 comp = s * (1.0 - d["io_wait_share"])
 lim = max(io, comp)
 print("[%s] decode %.3f s/token | I/O bound %.3f s (%.2f GB/token at %.2f GB/s) | compute bound %.3f s | "
@@ -81,8 +82,11 @@ if [ -z "$cfg" ]; then
         cp "$W/k3cfg/config.json" "$W/k3-config.json" && rm -rf "$W/k3cfg" && cfg="$W/k3-config.json"
 fi
 if [ -n "$cfg" ]; then
-    for ctx in 4096 1024; do
-        "$BIN/bench-bench_stream" --plan "$cfg" --ctx $ctx --chunk 16 --threads 2 --ram floor | sed 's/^/[K3 plan] /'
+    for piece in 0 128M; do
+        for ctx in 4096 1024; do
+            "$BIN/bench-bench_stream" --plan "$cfg" --ctx $ctx --chunk 16 --threads 2 --piece $piece --ram floor |
+                sed 's/^/[K3 plan] /'
+        done
     done
 fi
 [ "${KEEP:-0}" = 1 ] || rm -rf "$W"

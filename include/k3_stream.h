@@ -90,8 +90,8 @@ typedef struct k3_stream_plan {
     uint64_t ring;                  /* ring arena bytes (0 if everything pinned) */
     uint64_t largest_streamed;      /* the ring's minimum */
     int double_buffered;            /* ring >= 2 x largest streamed (and piece ring >= 2 pieces) */
-    uint64_t piece_ring;            /* piece ring bytes (0 if no streamed group has pieces) */
-    uint64_t piece_max;             /* its minimum: the largest piece */
+    uint64_t piece_ring;            /* piece ring bytes: two of the largest piece (0 if none) */
+    uint64_t piece_max;             /* the same */
     uint32_t expert_slots;          /* whole-record slots */
     uint64_t expert_bytes;          /* mapped bytes of the slots */
     uint64_t kv, state, scratch;    /* model memory, computed from the config */

@@ -34,7 +34,7 @@ void k3_stream_opts_init(k3_stream_opts *o)
     o->nthreads = 1;
     o->io_threads = 4;
     o->trunk_crc = 1;
-    o->piece_bytes = 256ull << 20;
+    o->piece_bytes = 128ull << 20;
 }
 
 int k3_stream_parse_budget(const char *s, uint64_t *out, k3_err *e)
@@ -252,12 +252,14 @@ int k3_stream_plan_make(const k3_stream_shape *sh, const k3_cfg *c, const k3_str
             maxg = cb[g];
         any_piece |= cb[g] < sh->group_bytes[g];
     }
-    const uint64_t pmax = any_piece ? sh->piece_max : 0;
+    /* the piece ring always holds two pieces: pieces exist to be read while
+     * the previous one is multiplied */
+    const uint64_t pmax = any_piece ? 2 * sh->piece_max : 0;
     const uint64_t nrec = sh->expert_stride ? (uint64_t)sh->n_moe_layers * sh->num_experts : 0;
     const uint32_t kmin = sh->expert_stride ? sh->top_k : 0;
     const uint64_t xmin = k3_stream_arena_bytes(kmin * sh->expert_stride);
     p->floor = fixed + k3_stream_arena_bytes(maxg) + k3_stream_arena_bytes(pmax) + xmin;
-    p->floor_double = fixed + k3_stream_arena_bytes(2 * maxg) + k3_stream_arena_bytes(2 * pmax) + xmin;
+    p->floor_double = fixed + k3_stream_arena_bytes(2 * maxg) + k3_stream_arena_bytes(pmax) + xmin;
     p->resident = fixed + k3_stream_arena_bytes(all) + k3_stream_arena_bytes(nrec * sh->expert_stride);
 
     uint64_t B = o->budget;
@@ -311,13 +313,11 @@ int k3_stream_plan_make(const k3_stream_shape *sh, const k3_cfg *c, const k3_str
         if (cost > B)
             continue;
         uint64_t left = B - cost;
-        uint64_t d2 = k3_stream_arena_bytes(2 * cur.largest) - k3_stream_arena_bytes(cur.largest) +
-                      k3_stream_arena_bytes(2 * cur.pmin) - k3_stream_arena_bytes(cur.pmin);
+        uint64_t d2 = k3_stream_arena_bytes(2 * cur.largest) - k3_stream_arena_bytes(cur.largest);
         if (cur.largest == 0 || d2 <= left) {
             cur.dbl = 1;
             if (cur.largest) {
                 cur.ring = 2 * cur.largest;
-                cur.pring = 2 * cur.pmin;
                 left -= d2;
             }
         }
@@ -396,8 +396,8 @@ void k3_stream_plan_print(const k3_stream_plan *p, FILE *f, const char *pre)
             sz(b, p->largest_streamed),
             p->ring == 0 ? "unused" : p->double_buffered ? "double-buffered" : "single slot");
     if (p->piece_ring)
-        fprintf(f, "%s  piece ring     %s  row pieces of the largest matrices, largest %s\n", pre,
-                sz(a, k3_stream_arena_bytes(p->piece_ring)), sz(b, p->piece_max));
+        fprintf(f, "%s  piece ring     %s  two row pieces of the largest matrices, %s each\n", pre,
+                sz(a, k3_stream_arena_bytes(p->piece_ring)), sz(b, p->piece_max / 2));
     fprintf(f, "%s  expert cache   %s  %u whole-record slots\n", pre, sz(a, p->expert_bytes), p->expert_slots);
     fprintf(f, "%s  kv cache       %s\n", pre, sz(a, p->kv));
     fprintf(f, "%s  state          %s\n", pre, sz(a, p->state));
