@@ -45,7 +45,7 @@
 enum { R_READING = 1, R_READY, R_INUSE, R_ERROR };
 enum { X_EMPTY = 0, X_LOADING, X_READY, X_ERROR };
 
-#define MAX_LAZY 4
+#define MAX_LAZY 16
 
 /* An exact byte range of a unit; a unit's parts tile it in offset order. */
 typedef struct part {
@@ -82,6 +82,7 @@ typedef struct grp {
     uint8_t *unit_done;        /* per unit: checked in this pass */
     uint64_t core;             /* core region bytes */
     uint64_t crel[K3_W_COUNT]; /* offset of each core tensor in the core region */
+    uint8_t cok[K3_W_COUNT];   /* crel is set (a tensor of this layer's kind, in the core) */
 } grp;
 
 typedef struct rent {
@@ -549,7 +550,7 @@ static void fill_views(ws_stream *w, uint32_t g, const uint8_t *region, int core
     const grp *G = &w->grp[g];
     for (int s = 0; s < K3_W_COUNT; s++) {
         w->cur[s] = t[s];
-        w->cur[s].data = t[s].ndim ? region + (core ? G->crel[s] : G->rel[s]) : NULL;
+        w->cur[s].data = !t[s].ndim ? NULL : !core ? region + G->rel[s] : G->cok[s] ? region + G->crel[s] : NULL;
     }
     if (core)
         for (uint32_t j = 0; j < G->nlz; j++) {
@@ -1222,14 +1223,6 @@ void k3_ws_stream_stats(const k3_ws *ws, k3_stream_stats *st)
     }
 }
 
-/* The matrices that may be streamed in pieces: used once, whole, in this
- * order (enum order = the model's order within a layer) and never inside a
- * parallel region. */
-static int lazy_slot(k3_wslot s)
-{
-    return s == K3_W_MLP_GATE || s == K3_W_MLP_UP || s == K3_W_MLP_DOWN || s == K3_W_LM_HEAD;
-}
-
 /* Split group g into a core and pieces of at most piece bytes for every
  * lazy-capable matrix larger than that (none if piece == 0). */
 static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
@@ -1238,10 +1231,18 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
     G->nlz = 0;
     char name[512];
     const uint32_t NL = w->base.cfg.num_hidden_layers;
-    /* pick the streamed matrices, in slot order */
-    for (int s = 0; s < K3_W_COUNT && piece; s++) {
+    /* pick the streamed matrices, in the model's order (k3_stream_piece_slots) */
+    const k3_wslot *order;
+    const uint32_t norder = k3_stream_piece_slots(&order);
+    for (uint32_t oi = 0; oi < norder && piece; oi++) {
+        const int s = (int)order[oi];
         const k3_view *t = &w->tmpl[(uint64_t)g * K3_W_COUNT + s];
-        if (!lazy_slot((k3_wslot)s) || t->ndim != 2)
+        /* KDA and MLA share upstream names (self_attn.o_proj, g_proj): only
+         * the slots of this layer's kind */
+        int mine = g == NL ? k3_wslot_in_head((k3_wslot)s)
+                           : k3_wslot_in_layer((k3_wslot)s, k3_cfg_layer_is_mla(&w->base.cfg, g),
+                                               k3_cfg_layer_is_dense(&w->base.cfg, g));
+        if (t->ndim != 2 || !mine)
             continue;
         if (g == NL)
             snprintf(name, sizeof name, "language_model.%s", k3_wslot_name((k3_wslot)s));
@@ -1249,6 +1250,11 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
             snprintf(name, sizeof name, "language_model.model.layers.%u.%s", g, k3_wslot_name((k3_wslot)s));
         const k3_pk_tensor *pt = k3_pk_tensor_find(w->pk, name);
         if (!pt || pt->npieces != 1 || pt->nbytes <= piece || G->nlz == MAX_LAZY)
+            continue;
+        int dup = 0;
+        for (uint32_t j = 0; j < G->nlz; j++)
+            dup |= G->lz[j].off == pt->pieces[0].offset;
+        if (dup)
             continue;
         lazyt *L = &G->lz[G->nlz++];
         L->slot = (uint32_t)s;
@@ -1314,7 +1320,10 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
     /* core tensors: where they landed */
     for (int s = 0; s < K3_W_COUNT; s++) {
         const k3_view *t = &w->tmpl[(uint64_t)g * K3_W_COUNT + s];
-        if (!t->ndim)
+        int mine = g == NL ? k3_wslot_in_head((k3_wslot)s)
+                           : k3_wslot_in_layer((k3_wslot)s, k3_cfg_layer_is_mla(&w->base.cfg, g),
+                                               k3_cfg_layer_is_dense(&w->base.cfg, g));
+        if (!t->ndim || !mine)
             continue;
         int lz = 0;
         for (uint32_t j = 0; j < G->nlz; j++)
@@ -1331,6 +1340,7 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
         for (uint32_t k = 0; k < G->nsegs && !found; k++)
             if (off >= G->segs[k].a && off + pt->nbytes <= G->segs[k].b) {
                 G->crel[s] = G->segs[k].pos + (off - G->segs[k].a / 4096 * 4096);
+                G->cok[s] = 1;
                 found = 1;
             }
         if (!found)
