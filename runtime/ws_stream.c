@@ -105,6 +105,7 @@ typedef struct item {
 
 /* One chunk of a read spread over the I/O threads. */
 typedef struct tchunk {
+    uint64_t ca, cb;           /* the CRC covers file bytes [ca, cb) of the chunk (all of it if ca == cb == 0) */
     uint32_t unit, file;
     uint64_t off, n;           /* in the file */
     uint8_t *dst;
@@ -259,6 +260,7 @@ static int read_group_par(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_er
             c->off = u->offset + o;
             c->n = u->nbytes - o < TCHUNK ? u->nbytes - o : TCHUNK;
             c->dst = dst + G->unit_rel[i] + o;
+            c->ca = c->cb = 0;
             c->crc = 0;
             c->rc = crc;   /* in: 1 = compute the CRC */
             k3_err_clear(&c->err);
@@ -321,10 +323,19 @@ static int read_group(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_err *e
 
 /* Read [off, off + n) of a file (4096-aligned) into dst, in chunks over the
  * I/O threads, without CRC (the caller checks exact ranges). */
-static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint8_t *dst, k3_err *e)
+/* Read [off, off + n) of a file (4096-aligned) into dst, in chunks over the
+ * I/O threads; with crc, *crc is the CRC32 of the exact bytes [a, b) inside
+ * it (each chunk CRCs its share where it is read, folded in order). */
+static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint8_t *dst, uint64_t a, uint64_t b,
+                     uint32_t *crc, k3_err *e)
 {
-    if (!w->threads_on || !w->tc)
-        return k3_pk_read(w->pk, file, dst, n, off, NULL, 0, e);
+    if (!w->threads_on || !w->tc) {
+        int rc = k3_pk_read(w->pk, file, dst, n, off, NULL, 0, e);
+        if (rc == 0 && crc)
+            *crc = (uint32_t)crc32(0, dst + (a - off), (uInt)(b - a));
+        return rc;
+    }
+    uLong fold = crc32(0, NULL, 0);
     for (uint64_t done = 0; done < n;) {
         pthread_mutex_lock(&w->x_mu);
         uint32_t k = 0;
@@ -335,7 +346,12 @@ static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint
             c->off = off + done;
             c->n = n - done < TCHUNK ? n - done : TCHUNK;
             c->dst = dst + done;
-            c->rc = 0;
+            c->ca = c->off > a ? c->off : a;
+            c->cb = c->off + c->n < b ? c->off + c->n : b;
+            c->rc = crc && c->cb > c->ca;   /* in: compute the CRC of [ca, cb) */
+            if (!c->rc)
+                c->ca = c->cb = 0;
+            c->crc = 0;
             k3_err_clear(&c->err);
             done += c->n;
         }
@@ -355,7 +371,12 @@ static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint
                 }
                 return w->tc[i].rc;
             }
+        for (uint32_t i = 0; crc && i < k; i++)
+            if (w->tc[i].cb > w->tc[i].ca)
+                fold = crc32_combine(fold, w->tc[i].crc, (z_off_t)(w->tc[i].cb - w->tc[i].ca));
     }
+    if (crc)
+        *crc = (uint32_t)fold;
     return 0;
 }
 
@@ -390,18 +411,6 @@ static int check_units(ws_stream *w, uint32_t g, k3_err *e)
     return 0;
 }
 
-static uint32_t crc_of(const uint8_t *p, uint64_t n)
-{
-    uLong v = crc32(0, NULL, 0);
-    while (n) {
-        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        v = crc32(v, p, k);
-        p += k;
-        n -= k;
-    }
-    return (uint32_t)v;
-}
-
 /* The core of a group with streamed matrices: its segments, each read
  * widened to 4096 and CRC'd over its exact range. Starts a CRC pass. */
 static int read_core(ws_stream *w, uint32_t g, uint8_t *dst, k3_err *e)
@@ -413,15 +422,15 @@ static int read_core(ws_stream *w, uint32_t g, uint8_t *dst, k3_err *e)
     for (uint32_t k = 0; k < G->nsegs; k++) {
         const seg *S = &G->segs[k];
         uint64_t a4 = S->a / 4096 * 4096, b4 = (S->b + 4095) / 4096 * 4096;
-        int rc = read_span(w, S->file, a4, b4 - a4, dst + S->pos, e);
+        uint32_t v = 0;
+        int rc = read_span(w, S->file, a4, b4 - a4, dst + S->pos, S->a, S->b, w->trunk_crc ? &v : NULL, e);
         if (rc < 0) {
             char name[48], what[64];
             group_name(w, g, name, sizeof name);
             snprintf(what, sizeof what, "trunk of %s", name);
             return err_wrap(e, rc, what);
         }
-        if (w->trunk_crc)
-            G->parts[S->part].crc = crc_of(dst + S->pos + (S->a - a4), S->b - S->a);
+        G->parts[S->part].crc = v;
         G->parts[S->part].have = 1;
     }
     return check_units(w, g, e);
@@ -450,7 +459,8 @@ static int read_piece(ws_stream *w, uint32_t g, uint32_t j, uint32_t c, uint8_t 
     piece_range(G, j, c, &a, &b);
     uint64_t a4 = a / 4096 * 4096, b4 = (b + 4095) / 4096 * 4096;
     *skip = a - a4;
-    int rc = read_span(w, G->lz[j].file, a4, b4 - a4, dst, e);
+    uint32_t v = 0;
+    int rc = read_span(w, G->lz[j].file, a4, b4 - a4, dst, a, b, w->trunk_crc ? &v : NULL, e);
     if (rc < 0) {
         char name[48], what[96];
         group_name(w, g, name, sizeof name);
@@ -459,8 +469,7 @@ static int read_piece(ws_stream *w, uint32_t g, uint32_t j, uint32_t c, uint8_t 
         return err_wrap(e, rc, what);
     }
     part *P = &G->parts[G->lz[j].part0 + c];
-    if (w->trunk_crc)
-        P->crc = crc_of(dst + *skip, b - a);
+    P->crc = v;
     P->have = 1;
     return check_units(w, g, e);
 }
@@ -776,8 +785,10 @@ static void *io_main(void *arg)
             int want_crc = c->rc;
             pthread_mutex_unlock(&w->x_mu);
             c->rc = k3_pk_read(w->pk, c->file, c->dst, c->n, c->off, NULL, 0, &c->err);
-            if (c->rc == 0 && want_crc)
-                c->crc = (uint32_t)crc32(0, c->dst, (uInt)c->n);
+            if (c->rc == 0 && want_crc) {
+                uint64_t a = c->cb > c->ca ? c->ca : c->off, b = c->cb > c->ca ? c->cb : c->off + c->n;
+                c->crc = (uint32_t)crc32(0, c->dst + (a - c->off), (uInt)(b - a));
+            }
             pthread_mutex_lock(&w->x_mu);
             if (++w->tc_done == w->tc_n)
                 pthread_cond_broadcast(&w->tc_cv);
