@@ -40,7 +40,7 @@
 #include "k3_ws.h"
 
 #define RING_Q 64
-#define TCHUNK (16ull << 20)   /* trunk units are read in chunks of this by the I/O threads */
+#define TCHUNK (w->tchunk)     /* trunk reads are split in chunks of this over the I/O threads */
 
 enum { R_READING = 1, R_READY, R_INUSE, R_ERROR };
 enum { X_EMPTY = 0, X_LOADING, X_READY, X_ERROR };
@@ -136,6 +136,7 @@ typedef struct ws_stream {
     uint64_t bounce_cap;
     const k3_pk_expert_layout *lay;
     int started, planned, trunk_crc;
+    uint64_t tchunk;           /* k3_stream_opts.io_chunk (16 MiB by default) */
     k3_stream_plan plan;
     /* arenas */
     uint8_t *pin_arena, *ring, *xarena;
@@ -1434,6 +1435,7 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
                 for (uint32_t k = 0; k < w->grp[g].lz[j].nchunks; k++)
                     w->order[w->norder++] = (item){g, (int32_t)j, k};
         }
+    w->tchunk = o->io_chunk ? (o->io_chunk + 4095) / 4096 * 4096 : 16ull << 20;
     w->nio = o->io_threads ? o->io_threads : 4;
     if (w->nio > 64)
         w->nio = 64;
