@@ -40,6 +40,7 @@
 #define K3_PACK_MIN_UNIT      (64u << 10)       /* smallest unit size chosen from a budget */
 #define K3_PACK_BASELINE      (16ull << 20)     /* k3-run's RSS assumed at plan time */
 #define K3_PACK_COPY_CHUNK    (16u << 20)       /* trunk copy / expert copy buffer */
+#define K3_PACK_PAGE_ALIGN_MIN (64u << 10)      /* tensors this big start 4096-aligned in their unit */
 #define K3_PACK_HOT_SHARE     0.8               /* hot set: experts covering this share of requests */
 #define K3_PACK_TMP_SUFFIX    ".k3-pack-tmp"
 #define K3_PACK_OLD_SUFFIX    ".k3-pack-old"

@@ -231,13 +231,15 @@ static int make_layout(const k3_man *m, const uint32_t *torder, uint64_t U, layo
             const int whole = U == 0 || g == nl + 1;
             lunit *cu = open ? &l->units[l->nunits - 1] : NULL;
             if (whole || nb <= U || x->ndim < 2 || rows < 2) {
-                if (!cu || (!whole && up(cu->fill, K3_PK_SECTION_ALIGN) + nb > U && cu->fill > 0)) {
+                if (!cu || (!whole && up(cu->fill, K3_PK_ALIGN) + nb > U && cu->fill > 0)) {
                     if (new_unit(l, g))
                         goto oom;
                     open = 1;
                     cu = &l->units[l->nunits - 1];
                 }
-                uint64_t off = up(cu->fill, K3_PK_SECTION_ALIGN);
+                /* large tensors start on a page: their bytes are then written
+                 * (and can be read) with O_DIRECT; at most 4 KiB of padding each */
+                uint64_t off = up(cu->fill, nb >= K3_PACK_PAGE_ALIGN_MIN ? K3_PK_ALIGN : K3_PK_SECTION_ALIGN);
                 if (add_piece(l, (lpiece){ti, 0, rows ? rows : 1, l->nunits - 1, off, nb}))
                     goto oom;
                 cu->fill = off + nb;

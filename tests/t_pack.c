@@ -434,6 +434,12 @@ K3_TEST(pack_refuses_bad_inputs_with_the_documented_status)
     CHECK_STR_CONTAINS(err, "no manifest.json");
     free(err);
     CHECK(access(dst, F_OK) != 0);
+    /* DST inside the source, or the source itself: usage, nothing written */
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-pack --ram floor %s %s/inner", src, src), 2);
+    CHECK_STR_CONTAINS(err, "inside");
+    free(err);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack --ram floor --force %s %s", src, src), 2);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-verify %s", src), 0);
     /* usage */
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack --ram floor --pin 99 %s %s", src, dst), 2);
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack --ram lots %s %s", src, dst), 2);
