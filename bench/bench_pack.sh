@@ -107,8 +107,17 @@ EOF
         fi
     done
 done
-"$BIN/k3-run" B --ids "$IDS" --gen "$TOKENS" --json >runB.json 2>/dev/null &&
-    python3 -c "import json; r=json.load(open('runB.json')); t=r['timings']; print('k3-run B (resident source, no --ram): decode %.3f s/token' % (t['decode_s']/max(1,len(r['generated_ids'])-1)))"
+# --- without --ram (k3-run's resident source gathers row pieces): s/token and bit-identity
+for m in A B; do
+    "$BIN/k3-run" "$m" --ids "$IDS" --gen "$TOKENS" --json --logits-all "$m.logits" >"run$m.json" 2>/dev/null
+    python3 - "$m" <<'EOF'
+import json, sys
+r = json.load(open("run%s.json" % sys.argv[1]))
+t = r["timings"]
+print("k3-run %s (no --ram): decode %.3f s/token, tokens %s" % (sys.argv[1], t["decode_s"] / max(1, len(r["generated_ids"]) - 1), r["generated_ids"]))
+EOF
+done
+if cmp -s A.logits B.logits; then echo "logits of A and B: byte-identical"; else echo "logits of A and B: DIFFER"; fi
 
 if [ "${KEEP:-0}" != 1 ]; then
     cd /
