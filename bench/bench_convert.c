@@ -10,6 +10,7 @@
  * Full verification reads and hashes every output byte (threads = CPUs).
  *
  *   bin/bench-bench_convert SRC WORK [RUNS]      (RUNS default 3)
+ *   bin/bench-bench_convert --manifest SRC       (manifest/record table at SRC's scale)
  *
  * SRC: e.g. k3-synth /tmp/x --preset k3-width --layers 2. WORK is created and
  * removed. Each run converts SRC to WORK/out (removed between runs); page
@@ -165,8 +166,71 @@ static void median3(double *v, int n, double *med, double *lo, double *hi)
     *hi = v[n - 1];
 }
 
+/* --manifest SRC: build the plan of SRC (headers only), serialise its
+ * manifest and experts.idx, then time what a reader does at open: parse +
+ * validate the manifest, decode + validate the record table. */
+static int manifest_only(const char *src)
+{
+    k3_conv_plan p;
+    k3_err e = {0};
+    double t0 = now();
+    if (k3_conv_plan_build(&p, src, "/nonexistent", &e)) {
+        fprintf(stderr, "plan: %s\n", e.msg);
+        return 1;
+    }
+    double t_plan = now() - t0;
+    p.man.plan_json = strdup("{}");
+    p.man.src_shards = calloc(k3_st_shard_count(p.st), sizeof *p.man.src_shards);
+    for (uint32_t i = 0; i < k3_st_shard_count(p.st); i++) {
+        p.man.src_shards[i].name = strdup(k3_st_shard_name(p.st, i));
+        p.man.src_shards[i].size = k3_st_shard_size(p.st, i);
+    }
+    p.man.nsrc_shards = k3_st_shard_count(p.st);
+    char *txt = k3_man_to_json(&p.man);
+    uint64_t idx_len = p.man.has_experts ? k3_man_idx_size(&p.cfg) : 0;
+    uint8_t *idx = malloc(idx_len ? idx_len : 1);
+    if (p.man.has_experts)
+        k3_man_idx_encode(idx, &p.cfg, p.man.xl.stride, p.records);
+    double best_parse = 1e9, best_idx = 1e9;
+    for (int r = 0; r < 5; r++) {
+        k3_man m;
+        t0 = now();
+        if (k3_man_parse(&m, txt, strlen(txt), "manifest.json", &e)) {
+            fprintf(stderr, "parse: %s\n", e.msg);
+            return 1;
+        }
+        double t = now() - t0;
+        best_parse = t < best_parse ? t : best_parse;
+        if (m.has_experts) {
+            uint64_t n = (uint64_t)k3_man_moe_layers(&m.cfg) * m.cfg.num_experts;
+            k3_pk_record *rec = calloc(n, sizeof *rec);
+            t0 = now();
+            if (k3_man_idx_decode(&m, idx, idx_len, rec, "experts.idx", &e)) {
+                fprintf(stderr, "idx: %s\n", e.msg);
+                return 1;
+            }
+            t = now() - t0;
+            best_idx = t < best_idx ? t : best_idx;
+            free(rec);
+        }
+        k3_man_free(&m);
+    }
+    printf("plan of %s: %.2f s (%" PRIu64 " tensors, %u shards, %u groups)\n", src, t_plan, p.ntensors,
+           k3_st_shard_count(p.st), p.ngroups);
+    printf("manifest: %zu bytes, %u files, %u units, %u trunk tensors; parse+validate best of 5: %.1f ms\n",
+           strlen(txt), p.man.nfiles, p.man.nunits, p.man.ntensors, best_parse * 1e3);
+    printf("experts.idx: %" PRIu64 " bytes, %" PRIu64 " records; decode+validate best of 5: %.1f ms\n", idx_len,
+           p.nrecs, best_idx * 1e3);
+    free(idx);
+    free(txt);
+    k3_conv_plan_free(&p);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 3 && !strcmp(argv[1], "--manifest"))
+        return manifest_only(argv[2]);
     if (argc < 3) {
         fprintf(stderr, "usage: %s SRC WORK [RUNS]\n", argv[0]);
         return 2;

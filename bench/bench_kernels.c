@@ -32,6 +32,16 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* CPU seconds of the whole process (all threads). Divided by the thread
+ * count it is the time the work took while it had the cores: on a shared,
+ * overloaded machine wall time mostly measures the scheduler. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -63,27 +73,32 @@ static void fill_random(void *buf, uint64_t n, uint64_t seed)
 /* ---- memory probes -------------------------------------------------------- */
 
 struct stream_bw {
-    double triad, read;     /* GB/s, medians */
+    double triad, read;         /* GB/s, medians, wall clock */
+    double triad_cpu, read_cpu; /* GB/s, medians, CPU time / threads */
 };
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
 
 /* Explicit AVX2 so that the probes are not limited by the compiler's choices
  * (-O2, no fast-math: a float sum would otherwise be one serial chain). */
 __attribute__((target("avx2,fma")))
 static double probe_triad(float *a, const float *b, const float *c, uint64_t n)
 {
-    double t0 = now();
 #pragma omp parallel for schedule(static)
     for (uint64_t i = 0; i < n; i += 8) {
         __m256 v = _mm256_fmadd_ps(_mm256_set1_ps(3.0f), _mm256_load_ps(c + i), _mm256_load_ps(b + i));
         _mm256_store_ps(a + i, v);
     }
-    return 3.0 * (double)n * sizeof(float) / (now() - t0) / 1e9;
+    return 3.0 * (double)n * sizeof(float);
 }
 
 __attribute__((target("avx2,fma")))
 static double probe_read(const float *b, uint64_t n)
 {
-    double t0 = now();
     float total = 0;
 #pragma omp parallel reduction(+ : total)
     {
@@ -100,10 +115,9 @@ static double probe_read(const float *b, uint64_t n)
         for (int k = 0; k < 8; k++)
             total += lanes[k];
     }
-    double t = now() - t0;
     if (total == 12345.0f)          /* keep the loop */
         fprintf(stderr, "%g\n", total);
-    return (double)n * sizeof(float) / t / 1e9;
+    return (double)n * sizeof(float);
 }
 
 static struct stream_bw stream_measure(int threads, uint64_t mib)
@@ -118,16 +132,22 @@ static struct stream_bw stream_measure(int threads, uint64_t mib)
     for (uint64_t i = 0; i < n; i++)
         b[i] = 1.0f, c[i] = 2.0f;
     omp_set_num_threads(threads);
-    double tr[5], rd[5];
+    double tr[5], rd[5], trc[5], rdc[5];
     probe_triad(a, b, c, n);
     for (int k = 0; k < 5; k++) {
-        tr[k] = probe_triad(a, b, c, n);
-        rd[k] = probe_read(b, n);
+        double t0 = now(), c0 = cpu_now();
+        double bytes = probe_triad(a, b, c, n);
+        tr[k] = bytes / (now() - t0) / 1e9;
+        trc[k] = bytes / ((cpu_now() - c0) / threads) / 1e9;
+        t0 = now(), c0 = cpu_now();
+        bytes = probe_read(b, n);
+        rd[k] = bytes / (now() - t0) / 1e9;
+        rdc[k] = bytes / ((cpu_now() - c0) / threads) / 1e9;
     }
-    qsort(tr, 5, sizeof *tr, cmp_double);
-    qsort(rd, 5, sizeof *rd, cmp_double);
-    bw.triad = tr[2];
-    bw.read = rd[2];
+    bw.triad = median(tr, 5);
+    bw.read = median(rd, 5);
+    bw.triad_cpu = median(trc, 5);
+    bw.read_cpu = median(rdc, 5);
     k3_io_huge_free(a, n * 4), k3_io_huge_free(b, n * 4), k3_io_huge_free(c, n * 4);
     return bw;
 }
@@ -190,14 +210,21 @@ int main(int argc, char **argv)
     struct stream_bw bw[3];
     for (int th = 1; th <= 2; th++) {
         bw[th] = stream_measure(th, 256);
-        printf("stream probe, %d thread%s: triad %.1f GB/s, read %.1f GB/s (3 x 256 MiB)\n", th,
-               th > 1 ? "s" : "", bw[th].triad, bw[th].read);
+        printf("stream probe, %d thread%s: triad %.1f GB/s, read %.1f GB/s (wall); "
+               "triad %.1f, read %.1f GB/s (cpu time); 3 x 256 MiB\n", th, th > 1 ? "s" : "",
+               bw[th].triad, bw[th].read, bw[th].triad_cpu, bw[th].read_cpu);
     }
-    printf("\n%-5s %-12s %-4s %2s %3s %10s %18s %8s %8s %6s %6s\n", "kind", "shape", "mode", "th",
-           "T", "ms", "(min-max)", "GB/s", "GFLOP/s", "/triad", "/read");
+    printf("\nwall: median wall-clock ms (min-max), GB/s of weights, GFLOP/s, ratio of GB/s to\n"
+           "the wall triad / read probes; cpu: the same from process CPU time / threads\n"
+           "against the cpu-time probes (what the kernel does while it has the cores)\n\n");
+    printf("%-5s %-10s %-4s %2s %3s %9s %17s %7s %7s %5s %5s | %8s %7s %7s %5s %5s\n", "kind",
+           "shape", "mode", "th", "T", "ms", "(min-max)", "GB/s", "GFLOP/s", "/trd", "/read",
+           "cpu ms", "GB/s", "GFLOP/s", "/trd", "/read");
 
     static const uint32_t Ts[] = {1, 4, 16, 64};
-    double *times = malloc(runs * sizeof *times);
+    /* cold medians kept for the summary: [shape][threads-1][T index] */
+    double cold_wall[6][2][4] = {{{0}}}, cold_cpu[6][2][4] = {{{0}}};
+    double *times = malloc(runs * sizeof *times), *cpus = malloc(runs * sizeof *cpus);
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const struct shape *s = &shapes[si];
         if (only && strcmp(only, s->mx ? "mx" : "bf16"))
@@ -256,20 +283,27 @@ int main(int argc, char **argv)
                     call(s, hot ? hot_w : pool + (next++ % copies) * stride, rows, X, T, Y);
                     for (uint64_t k = 0; k < runs; k++) {
                         const uint8_t *w = hot ? hot_w : pool + (next++ % copies) * stride;
-                        double t0 = now();
+                        double t0 = now(), c0 = cpu_now();
                         call(s, w, rows, X, T, Y);
                         times[k] = now() - t0;
+                        cpus[k] = (cpu_now() - c0) / th;
                     }
-                    qsort(times, runs, sizeof *times, cmp_double);
-                    double med = times[runs / 2];
-                    double gbs = (double)weight_bytes(s, rows) / med / 1e9;
-                    double gflops = 2.0 * (double)rows * (double)s->cols * T / med / 1e9;
+                    double med = median(times, (int)runs), cmed = median(cpus, (int)runs);
+                    double wb = (double)weight_bytes(s, rows);
+                    double flop = 2.0 * (double)rows * (double)s->cols * T;
                     char mm[40];
                     snprintf(mm, sizeof mm, "(%.3f-%.3f)", times[0] * 1e3, times[runs - 1] * 1e3);
-                    printf("%-5s %-12s %-4s %2d %3u %10.3f %18s %8.1f %8.1f %6.2f %6.2f\n",
+                    if (!hot) {
+                        cold_wall[si][th - 1][ti] = med;
+                        cold_cpu[si][th - 1][ti] = cmed;
+                    }
+                    printf("%-5s %-10s %-4s %2d %3u %9.3f %17s %7.1f %7.1f %5.2f %5.2f | %8.3f %7.1f "
+                           "%7.1f %5.2f %5.2f\n",
                            s->mx ? "mxfp4" : "bf16", name, hot ? "hot" : "cold", th, T, med * 1e3,
-                           mm, gbs, gflops, hot ? 0.0 : gbs / bw[th].triad,
-                           hot ? 0.0 : gbs / bw[th].read);
+                           mm, wb / med / 1e9, flop / med / 1e9, hot ? 0.0 : wb / med / 1e9 / bw[th].triad,
+                           hot ? 0.0 : wb / med / 1e9 / bw[th].read, cmed * 1e3, wb / cmed / 1e9,
+                           flop / cmed / 1e9, hot ? 0.0 : wb / cmed / 1e9 / bw[th].triad_cpu,
+                           hot ? 0.0 : wb / cmed / 1e9 / bw[th].read_cpu);
                     fflush(stdout);
                 }
             }
@@ -278,6 +312,24 @@ int main(int argc, char **argv)
         k3_io_free_aligned(X);
         k3_io_free_aligned(Y);
     }
+    printf("\nsummary (cold): T=1 weight GB/s over the triad probe, and the time of T=16\n"
+           "and T=64 over the time of T=1 (wall | cpu)\n");
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const struct shape *s = &shapes[si];
+        if (only && strcmp(only, s->mx ? "mx" : "bf16"))
+            continue;
+        for (int th = 1; th <= 2; th++) {
+            double wb = (double)weight_bytes(s, s->rows);
+            double w1 = cold_wall[si][th - 1][0], c1 = cold_cpu[si][th - 1][0];
+            printf("%-5s %5llux%-5llu %d thread%s: T=1 %.2f | %.2f of triad;  T=16 %.1fx | %.1fx;  "
+                   "T=64 %.1fx | %.1fx\n", s->mx ? "mxfp4" : "bf16", (unsigned long long)s->rows,
+                   (unsigned long long)s->cols, th, th > 1 ? "s" : " ",
+                   wb / w1 / 1e9 / bw[th].triad, wb / c1 / 1e9 / bw[th].triad_cpu,
+                   cold_wall[si][th - 1][2] / w1, cold_cpu[si][th - 1][2] / c1,
+                   cold_wall[si][th - 1][3] / w1, cold_cpu[si][th - 1][3] / c1);
+        }
+    }
     free(times);
+    free(cpus);
     return 0;
 }

@@ -14,11 +14,17 @@ B=bin
 mkdir -p "$W"
 rm -rf "$W/probe" "$W/width" "$W/width.tmp" "$W/k3" "$W/k3.tmp"
 
-echo "== disk: O_DIRECT sequential write, 64 MiB requests, 4 GiB, fsync (3 runs)"
-for i in 1 2 3; do
+probe() {
     dd if=/dev/zero of="$W/probe" bs=64M count=64 oflag=direct conv=fsync 2>&1 | tail -1
     rm -f "$W/probe"
-done
+}
+echo "== load: $(cat /proc/loadavg) (the machine is shared: figures move with it)"
+echo "== generator alone, per core (CPU time)"
+$B/bench-synth_gen
+echo
+echo "== disk: O_DIRECT sequential write, 64 MiB requests, 4 GiB, fsync (2 runs before)"
+probe
+probe
 
 echo
 echo "== k3-synth --preset k3-width --layers 2 (real K3 matrix sizes, MXFP4 experts)"
@@ -32,6 +38,8 @@ r = json.load(open(sys.argv[1]))
 print("write rate: %.2f GB/s (%d bytes in %.1f s)" % (r["logical_bytes"] / r["seconds"] / 1e9, r["logical_bytes"], r["seconds"]))
 PY
 ls -l "$W/width" | head -5
+echo "== disk again, right after (1 run)"
+probe
 $B/bench-synth_index "$W/width" 3
 rm -rf "$W/width"
 

@@ -252,6 +252,12 @@ static int parse_tree(k3_cfg *cfg, const cJSON *root, const char *path, k3_err *
     if (lac) {
         s.lac = lac;
         s.lac_name = tc ? "text_config.linear_attn_config." : "linear_attn_config.";
+    } else if (tc) {
+        /* a nested config whose linear_attn_config sits at the root */
+        if ((rc = object_or_absent(&s, root, "", "linear_attn_config", &lac)))
+            return rc;
+        s.lac = lac;
+        s.lac_name = "linear_attn_config.";
     }
 
     char missing[K3_ERR_MSG_MAX];

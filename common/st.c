@@ -16,6 +16,10 @@
  *   power-of-two sized, at most half full, a word-at-a-time hash).
  * - With an index file, the index and the shards agree exactly (same tensor
  *   set, same tensor -> shard map, no unreferenced shard file in the folder).
+ * - k3_st_open parses the index and the headers on worker threads that touch
+ *   only their own shard slot and error record; everything after (merging,
+ *   the table, cross-checks, the choice of error) runs on the caller's thread
+ *   in a fixed order, so results never depend on timing.
  */
 #include "k3_st.h"
 
@@ -487,7 +491,12 @@ trailer:
     }
 
     /* the tensors must tile [0, data_size) exactly */
-    qsort(h->tensors, used, sizeof *h->tensors, cmp_offset);
+    /* writers usually list tensors in data order: sort only if needed */
+    uint64_t sorted = 1;
+    while (sorted < used && cmp_offset(&h->tensors[sorted - 1], &h->tensors[sorted]) <= 0)
+        sorted++;
+    if (sorted < used)
+        qsort(h->tensors, used, sizeof *h->tensors, cmp_offset);
     uint64_t expect = 0;
     for (uint64_t i = 0; i < used; i++) {
         k3_st_tensor *t = &h->tensors[i];

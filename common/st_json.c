@@ -159,6 +159,22 @@ static size_t put_utf8(uint8_t *o, uint32_t cp)
     return 4;
 }
 
+#define ONES 0x0101010101010101ull
+#define HIGHS 0x8080808080808080ull
+
+/* Nonzero if one of the 8 bytes of x (any order) is a quote, a backslash, a
+ * control byte (< 0x20) or non-ASCII (>= 0x80): the bytes that end a plain
+ * run of a JSON string. Exact (no false negatives, and no false positives
+ * for the "any" question). */
+static inline uint64_t special8(uint64_t x)
+{
+    uint64_t q = x ^ (ONES * '"'), b = x ^ (ONES * '\\');
+    uint64_t zero_q = (q - ONES) & ~q;
+    uint64_t zero_b = (b - ONES) & ~b;
+    uint64_t below = (x - ONES * 0x20) & ~x;
+    return (zero_q | zero_b | below | x) & HIGHS;
+}
+
 int k3_jc_string(k3_jc *j, char *out, size_t cap, size_t *len, const char *what)
 {
     k3_jc_ws(j);
@@ -169,8 +185,16 @@ int k3_jc_string(k3_jc *j, char *out, size_t cap, size_t *len, const char *what)
     uint8_t *o = (uint8_t *)out;
     size_t n = 0;
     for (;;) {
-        /* the common case: a run of plain printable ASCII, copied at once */
+        /* the common case: a run of plain printable ASCII, copied at once;
+         * found eight bytes at a time */
         const uint8_t *run = p;
+        while (j->end - p >= 8) {
+            uint64_t x;
+            memcpy(&x, p, 8);
+            if (special8(x))
+                break;
+            p += 8;
+        }
         while (p < j->end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\')
             p++;
         if (p > run) {
@@ -263,16 +287,17 @@ int k3_jc_uint(k3_jc *j, uint64_t *v, const char *what)
     if (s >= j->end || *s < '0' || *s > '9')
         return k3_jc_fail(j, s, K3_EFORMAT, "%s must be an integer, found %s", what, k3_jc_kind(j));
     const uint8_t *p = s;
-    uint64_t x = 0;
-    int big = 0;
-    while (p < j->end && *p >= '0' && *p <= '9') {
-        if (!big) {
-            x = x * 10 + (uint64_t)(*p - '0');
-            if (x > K3_JC_MAX_INT)
-                big = 1;
-        }
+    while (p < j->end && *p >= '0' && *p <= '9')
         p++;
-    }
+    /* 2^53 has 16 digits: a longer number (leading zeros are refused below)
+     * is too big, a shorter one fits u64 without checks */
+    int big = p - s > 16;
+    uint64_t x = 0;
+    if (!big)
+        for (const uint8_t *d = s; d < p; d++)
+            x = x * 10 + (uint64_t)(*d - '0');
+    if (x > K3_JC_MAX_INT)
+        big = 1;
     if (p - s > 1 && *s == '0')
         return k3_jc_fail(j, s, K3_EFORMAT, "invalid JSON: %s has a leading zero", what);
     if (p < j->end && (*p == '.' || *p == 'e' || *p == 'E'))

@@ -44,6 +44,7 @@ typedef struct k3_conv_tensor {
     /* trunk */
     uint32_t out_tensor;        /* index into plan->man.tensors */
     uint32_t ext;               /* its extent in the group's trunk file */
+    uint32_t slot;              /* unit slot: layer + 2 (0 embed, 1 head) */
     k3_dtype out_dtype;
     /* expert */
     uint64_t rec;               /* moe_index * num_experts + expert */
@@ -96,6 +97,9 @@ typedef struct k3_conv_plan {
     uint64_t nrecs;
     k3_conv_group *groups;
     uint32_t ngroups;
+    uint32_t *slot_group;       /* per slot: the group that writes that layer's unit */
+    uint64_t *slot_first;       /* slot s's trunk tensors: slot_tensors[slot_first[s] .. slot_first[s+1]) */
+    uint64_t *slot_tensors;     /* tensor indices, input order within a slot */
     k3_man man;                 /* files, units, tensors, xl, config filled by the plan */
     k3_pk_record *records;      /* final record table (crc filled as groups finish) */
     uint8_t fingerprint[32];    /* of the input tensor table and the options */

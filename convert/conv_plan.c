@@ -36,6 +36,9 @@ void k3_conv_plan_free(k3_conv_plan *p)
         }
     }
     free(p->groups);
+    free(p->slot_group);
+    free(p->slot_first);
+    free(p->slot_tensors);
     free(p->recs);
     free(p->tensors);
     free(p->records);
@@ -195,65 +198,57 @@ static int fingerprint(k3_conv_plan *p, k3_err *e)
     return 0;
 }
 
-/* One group per shard. An expert whose tensors straddle a shard boundary
- * belongs to the group of its last tensor; that group fetches the earlier
- * parts with direct reads before streaming its shard (conv_run.c), so no
- * group depends on another and every shard is resumable on its own. */
+/* One group per shard. An expert (or a layer's trunk) whose tensors
+ * straddle a shard boundary belongs to the group of its last tensor; that
+ * group fetches the earlier parts with direct reads before streaming its
+ * shard (conv_run.c), so no group depends on another and every shard is
+ * resumable on its own. */
 static int make_groups(k3_conv_plan *p, k3_err *e)
 {
     uint32_t ns = k3_st_shard_count(p->st);
-    uint8_t *join = calloc(ns ? ns : 1, 1); /* never set: kept for grouping rules to come */
-    if (!join)
-        return k3_err_set(e, K3_ENOMEM, "out of memory");
     p->groups = calloc(ns ? ns : 1, sizeof *p->groups);
-    if (!p->groups) {
-        free(join);
+    if (!p->groups)
         return k3_err_set(e, K3_ENOMEM, "out of memory");
-    }
-    uint32_t s = 0;
-    while (s < ns) {
+    for (uint32_t s = 0; s < ns; s++) {
         k3_conv_group *g = &p->groups[p->ngroups++];
         g->shard_first = s;
-        while (s + 1 < ns && join[s])
-            s++;
-        g->shard_end = ++s;
-        for (uint32_t k = g->shard_first; k < g->shard_end; k++)
-            g->input_bytes += k3_st_shard_size(p->st, k);
+        g->shard_end = s + 1;
+        g->input_bytes = k3_st_shard_size(p->st, s);
     }
-    free(join);
     return 0;
 }
 
-/* Lay out group g's trunk file (units by layer in order of first appearance,
- * tensors in stream order) and experts file (records in order of
- * completion). Appends units to p->man.units. */
+/* Lay out group g's trunk file and experts file. A layer's trunk (one slot)
+ * is one unit, written by the group holding its last trunk tensor
+ * (p->slot_group); units in order of their first tensor in the input,
+ * tensors in input order. Records in order of completion. Appends units to
+ * p->man.units. */
 static int layout_group(k3_conv_plan *p, uint32_t g, uint64_t t_first, uint64_t t_end, k3_err *e)
 {
     k3_conv_group *G = &p->groups[g];
     const k3_cfg *c = &p->cfg;
     uint32_t nslots = c->num_hidden_layers + 2;
     int32_t *slot_order = malloc(nslots * sizeof *slot_order);
-    uint8_t *seen = calloc(nslots, 1);
     uint64_t ntr = 0;
-    if (!slot_order || !seen) {
-        free(slot_order);
-        free(seen);
+    (void)t_first;
+    (void)t_end;
+    if (!slot_order) {
         return k3_err_set(e, K3_ENOMEM, "out of memory");
     }
     uint32_t nused = 0;
-    for (uint64_t i = t_first; i < t_end; i++)
-        ntr += p->tensors[i].role == K3_CONV_T_TRUNK;
-    /* slot of a trunk tensor is carried in the unit field of its piece
-     * before layout (set by k3_conv_plan_build) */
-    for (uint64_t i = t_first; i < t_end; i++) {
-        if (p->tensors[i].role != K3_CONV_T_TRUNK)
-            continue;
-        uint32_t s = p->man.tensors[p->tensors[i].out_tensor].pieces[0].unit;
-        if (!seen[s]) {
-            seen[s] = 1;
+    /* the slots this group writes, in order of their first tensor */
+    for (uint32_t s = 0; s < nslots; s++)
+        if (p->slot_group[s] == g && p->slot_first[s + 1] > p->slot_first[s]) {
             slot_order[nused++] = (int32_t)s;
+            ntr += p->slot_first[s + 1] - p->slot_first[s];
         }
-    }
+    for (uint32_t a = 1; a < nused; a++) /* insertion sort: nused <= layers + 2 */
+        for (uint32_t b = a; b > 0 && p->slot_tensors[p->slot_first[slot_order[b]]] <
+                                       p->slot_tensors[p->slot_first[slot_order[b - 1]]]; b--) {
+            int32_t t = slot_order[b];
+            slot_order[b] = slot_order[b - 1];
+            slot_order[b - 1] = t;
+        }
     k3_conv_ofile *tf = &G->trunk;
     if (ntr) {
         snprintf(tf->name, sizeof tf->name, "trunk-%04u.k3t", g);
@@ -263,7 +258,6 @@ static int layout_group(k3_conv_plan *p, uint32_t g, uint64_t t_first, uint64_t 
         k3_pk_unit *nu = realloc(p->man.units, (p->man.nunits + nused) * sizeof *nu);
         if (!tf->ext || !tf->regions || !tf->region_crc || !nu) {
             free(slot_order);
-            free(seen);
             if (nu)
                 p->man.units = nu;
             return k3_err_set(e, K3_ENOMEM, "out of memory");
@@ -280,13 +274,10 @@ static int layout_group(k3_conv_plan *p, uint32_t g, uint64_t t_first, uint64_t 
             u->offset = off;
             u->layer = (int32_t)s - 2;
             uint64_t in = 0;
-            for (uint64_t i = t_first; i < t_end; i++) {
-                if (p->tensors[i].role != K3_CONV_T_TRUNK)
-                    continue;
+            for (uint64_t j = p->slot_first[s]; j < p->slot_first[s + 1]; j++) {
+                uint64_t i = p->slot_tensors[j];
                 k3_pk_tensor *ot = &p->man.tensors[p->tensors[i].out_tensor];
                 k3_pk_piece *pc = (k3_pk_piece *)ot->pieces;
-                if (pc->unit != s || pc->offset != UINT64_MAX)
-                    continue;
                 in = align_up(in, K3_PK_SECTION_ALIGN);
                 pc->offset = off + in;
                 pc->nbytes = ot->nbytes;
@@ -309,7 +300,6 @@ static int layout_group(k3_conv_plan *p, uint32_t g, uint64_t t_first, uint64_t 
          * per unit, units in order, so they are */
     }
     free(slot_order);
-    free(seen);
 
     /* experts: records whose last part lies in this group, by completion order */
     uint32_t nrec = 0;
@@ -412,6 +402,7 @@ static int load_tensors(k3_conv_plan *p, k3_man_expect *ex, uint32_t nex, k3_err
             return k3_err_set(e, K3_EFORMAT, "%s: tensor %s: empty", shard, t->name);
         ot->nbytes = elems * (ot->dtype == K3_DT_F32 ? 4 : 2);
         ((k3_pk_piece *)ot->pieces)->unit = (uint32_t)(x->layer + 2); /* the slot, until layout */
+        p->tensors[i].slot = (uint32_t)(x->layer + 2);
     }
     /* every expected trunk tensor present */
     char missing[600] = "";
@@ -474,6 +465,42 @@ int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, k3_err
                                         : fmt_names[p->xfmt]);
     if ((rc = make_groups(p, e)))
         goto fail;
+    /* which group writes each layer's unit: the one holding its last tensor */
+    uint32_t nslots = p->cfg.num_hidden_layers + 2;
+    p->slot_group = calloc(nslots, sizeof *p->slot_group);
+    if (!p->slot_group) {
+        rc = k3_err_set(e, K3_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (uint64_t i = 0, g = 0; i < p->ntensors; i++) {
+        while (g + 1 < p->ngroups && p->tensors[i].st->shard >= p->groups[g].shard_end)
+            g++;
+        if (p->tensors[i].role == K3_CONV_T_TRUNK)
+            p->slot_group[p->tensors[i].slot] = (uint32_t)g;
+    }
+    /* trunk tensors per slot, in input order (CSR) */
+    p->slot_first = calloc(nslots + 1, sizeof *p->slot_first);
+    uint64_t ntrunk = 0;
+    for (uint64_t i = 0; i < p->ntensors; i++)
+        ntrunk += p->tensors[i].role == K3_CONV_T_TRUNK;
+    p->slot_tensors = calloc(ntrunk ? ntrunk : 1, sizeof *p->slot_tensors);
+    uint64_t *fill = calloc(nslots, sizeof *fill);
+    if (!p->slot_first || !p->slot_tensors || !fill) {
+        free(fill);
+        rc = k3_err_set(e, K3_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (uint64_t i = 0; i < p->ntensors; i++)
+        if (p->tensors[i].role == K3_CONV_T_TRUNK)
+            p->slot_first[p->tensors[i].slot + 1]++;
+    for (uint32_t k = 0; k < nslots; k++)
+        p->slot_first[k + 1] += p->slot_first[k];
+    for (uint64_t i = 0; i < p->ntensors; i++)
+        if (p->tensors[i].role == K3_CONV_T_TRUNK) {
+            uint32_t k = p->tensors[i].slot;
+            p->slot_tensors[p->slot_first[k] + fill[k]++] = i;
+        }
+    free(fill);
     /* layout group by group over the (shard, offset)-ordered tensor list */
     uint64_t ti = 0;
     for (uint32_t g = 0; g < p->ngroups; g++) {

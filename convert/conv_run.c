@@ -385,7 +385,7 @@ static int process_chunk(conv *cv, const chunk *c, k3_err *e)
         uint64_t lo = t->offset > c->off ? t->offset : c->off;
         uint64_t hi = tend < c->off + c->len ? tend : c->off + c->len;
         int rc = 0;
-        if (ct->role == K3_CONV_T_TRUNK)
+        if (ct->role == K3_CONV_T_TRUNK && p->slot_group[ct->slot] == cv->g)
             rc = handle_trunk(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo, e);
         else if (ct->role == K3_CONV_T_EXPERT && p->recs[ct->rec].group == cv->g)
             rc = handle_expert(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo, e);
@@ -610,6 +610,25 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
     }
     cv->ti = 0;
     cv->g = g;
+    /* trunk tensors of this group's units that lie in earlier shards (a
+     * layer straddling a shard boundary): read them directly first, in input
+     * order, in pieces of at most one chunk */
+    for (uint64_t i = 0; rc == 0 && i < p->ntensors && p->tensors[i].st->shard < G->shard_first; i++) {
+        const k3_conv_tensor *ct = &p->tensors[i];
+        if (ct->role != K3_CONV_T_TRUNK || p->slot_group[ct->slot] != g)
+            continue;
+        for (uint64_t off = 0; rc == 0 && off < ct->st->nbytes; off += rd->chunk) {
+            uint64_t n = ct->st->nbytes - off < rd->chunk ? ct->st->nbytes - off : rd->chunk;
+            uint8_t *tmp = malloc((size_t)n);
+            if (!tmp)
+                rc = k3_err_set(e, K3_ENOMEM, "out of memory reading %s", ct->st->name);
+            if (rc == 0)
+                rc = k3_st_read_range(p->st, ct->st, off, n, tmp, e);
+            if (rc == 0)
+                rc = handle_trunk(cv, ct, off, tmp, n, e);
+            free(tmp);
+        }
+    }
     /* parts of this group's records that lie in earlier shards (an expert
      * straddling a shard boundary): read them directly first */
     for (uint64_t r = 0; rc == 0 && r < p->nrecs; r++) {

@@ -4,7 +4,8 @@
  * k3_cfg_parse reads an upstream config.json in either shape and reports
  * every missing required field in one message. Where fields are looked for:
  * - nested: if the root has "text_config" (an object), fields are read from
- *   text_config and text_config.linear_attn_config, never from the root;
+ *   text_config and text_config.linear_attn_config (or, if text_config has
+ *   none, the root's linear_attn_config), and not from the root itself;
  * - flat: from the root and, if present, root.linear_attn_config.
  * Spellings accepted (flat spelling first; each is searched in both places
  * unless marked):

@@ -36,13 +36,11 @@
 
 /* ---- dispatch -------------------------------------------------------------- */
 
-/* Pick the fastest exact path the CPU has (avx512, avx2 or scalar: all give
- * the ref.c bits), once; K3_ISA=scalar|avx2|avx512|avx512bf16 forces one (an
- * unavailable forced path falls back to the best available and k3_kern_name
- * says so). Idempotent, thread-safe after the first call.
- * avx512bf16 is opt-in only: its bf16-weight products round the activations
- * to bf16 (vdpbf16ps), so they differ from ref.c within the bound documented
- * in kernels/gemm_avx512bf16.c; its MXFP4 products are the exact ones. */
+/* Pick the fastest path the CPU has (avx512, avx2 or scalar: all give the
+ * ref.c bits), once; K3_ISA=scalar|avx2|avx512 forces one (an unavailable or
+ * unknown forced path falls back to the best available and k3_kern_name says
+ * so; avx512bf16 is not built, see kernels/dispatch.c). Idempotent,
+ * thread-safe after the first call. */
 void k3_kern_init(void);
 /* Name of the path in use, e.g. "avx512", or "avx2 (K3_ISA=avx512 unavailable)";
  * calls k3_kern_init if needed. The string is static. */
@@ -88,7 +86,7 @@ void k3_mx_dequantize(const uint8_t *packed, const uint8_t *scales, uint64_t n, 
  * T (the weights are read from memory once per call whatever T is).
  * Threaded over rows with OpenMP; inside a parallel region (or for small
  * products) it runs on the calling thread only. Never allocates; uses at most
- * 32 KiB of stack. */
+ * 72 KiB of stack (activation permutation, parked lanes). */
 void k3_gemm_bf16(const uint16_t *W, uint64_t rows, uint64_t cols,
                   const float *X, uint32_t T, float *Y);
 

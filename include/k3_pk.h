@@ -5,7 +5,9 @@
  *
  *   DIR/manifest.json      written last; its presence means the rest is complete
  *   DIR/trunk-GGGG.k3t     trunk units: bf16 matrices / f32-or-bf16 vectors,
- *                          each unit 4096-aligned, tensors 64-aligned inside it
+ *                          each unit 4096-aligned, tensors 64-aligned inside it;
+ *                          k3-convert writes one unit per layer (GGGG: the
+ *                          upstream shard the unit was completed in)
  *   DIR/experts-GGGG.k3e   expert records, each at a 4096-aligned offset, all of
  *                          one fixed stride (record_bytes rounded up to 4096)
  *   DIR/experts.idx        binary record table: (layer, expert) -> file, offset,

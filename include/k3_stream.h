@@ -58,6 +58,8 @@ typedef struct k3_stream_opts {
     uint32_t io_threads;      /* parallel expert reads (0: 4) */
     int trunk_crc;            /* CRC32-check trunk units too (1 by default via k3_stream_opts_init) */
     const char *trace_path;   /* write expert requests here (NULL: no trace) */
+    uint64_t piece_bytes;     /* stream the dense MLP and lm_head matrices larger than
+                               * this in row pieces of at most this (0: whole groups) */
 } k3_stream_opts;
 
 void k3_stream_opts_init(k3_stream_opts *o);
@@ -74,6 +76,8 @@ typedef struct k3_stream_shape {
     uint64_t embed_row_bytes;
     uint64_t expert_stride;         /* 0 if no MoE layer */
     uint32_t n_moe_layers, num_experts, top_k;
+    const uint64_t *core_bytes;     /* ring bytes of each group when streamed (NULL: group_bytes) */
+    uint64_t piece_max;             /* largest row piece region (0: no pieces) */
 } k3_stream_shape;
 
 typedef struct k3_stream_plan {
@@ -85,7 +89,9 @@ typedef struct k3_stream_plan {
     uint8_t pinned[K3_CFG_MAX_LAYERS + 1];   /* per group */
     uint64_t ring;                  /* ring arena bytes (0 if everything pinned) */
     uint64_t largest_streamed;      /* the ring's minimum */
-    int double_buffered;            /* ring >= 2 x largest streamed */
+    int double_buffered;            /* ring >= 2 x largest streamed (and piece ring >= 2 pieces) */
+    uint64_t piece_ring;            /* piece ring bytes: two of the largest piece (0 if none) */
+    uint64_t piece_max;             /* the same */
     uint32_t expert_slots;          /* whole-record slots */
     uint64_t expert_bytes;          /* mapped bytes of the slots */
     uint64_t kv, state, scratch;    /* model memory, computed from the config */
@@ -115,6 +121,9 @@ int k3_stream_plan_make(const k3_stream_shape *sh, const k3_cfg *c, const k3_str
  * unit per layer, tensors 64-aligned, unit 4096-aligned), for what-if plans
  * without a packed model. gb must hold num_hidden_layers + 1 entries. */
 void k3_stream_cfg_groups(const k3_cfg *c, uint64_t *gb, uint64_t *embed_row, uint64_t *stride);
+/* The same split as k3_ws_stream_plan makes with pieces of at most piece
+ * bytes: ring bytes of each group (cb) and the largest piece region. */
+void k3_stream_cfg_cores(const k3_cfg *c, uint64_t piece, const uint64_t *gb, uint64_t *cb, uint64_t *piece_max);
 
 /* Print the plan (several lines, each starting with prefix). */
 void k3_stream_plan_print(const k3_stream_plan *p, FILE *f, const char *prefix);
@@ -172,8 +181,8 @@ typedef struct k3_stream_run {
  * (trunk, experts), I/O wait share of the wall time, cache hit rate, peak
  * RSS against the budget. Several lines, each starting with prefix. */
 void k3_stream_report_print(const k3_stream_run *r, FILE *f, const char *prefix);
-/* The same as a cJSON object (caller owns it), NULL if out of memory. */
-struct cJSON;
-struct cJSON *k3_stream_report_json(const k3_stream_run *r);
+/* The same as one JSON object's text (heap, caller frees), NULL if out of
+ * memory. */
+char *k3_stream_report_json(const k3_stream_run *r);
 
 #endif

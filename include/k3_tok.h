@@ -25,7 +25,8 @@
  * ids are tiktoken's on valid UTF-8, and decode(encode(x)) == x for all bytes x.
  *
  * Limits: tiktoken.model <= 64 MiB, <= 16,777,216 ranks, token <= 2048 bytes;
- * tokenizer_config.json <= 16 MiB, <= 65,536 specials, special <= 1024 bytes.
+ * tokenizer_config.json <= 16 MiB, <= 65,536 specials, special <= 1024 bytes,
+ * all specials together <= 1 MiB.
  *
  * Thread safety: a k3_tok is read-only after open and may be shared by threads
  * that each use their own outputs; a k3_tok_stream belongs to one thread.
@@ -46,6 +47,7 @@ typedef struct k3_tok_stream k3_tok_stream;
 #define K3_TOK_CONFIG_MAX_BYTES  (16ull << 20)
 #define K3_TOK_MAX_SPECIALS      65536u
 #define K3_TOK_MAX_SPECIAL_BYTES 1024u
+#define K3_TOK_MAX_SPECIAL_TOTAL (1u << 20) /* all specials' contents together */
 #define K3_TOK_MAX_EOS           4u
 
 /* Open the tokenizer in directory dir (tiktoken.model + tokenizer_config.json).

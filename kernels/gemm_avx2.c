@@ -64,8 +64,17 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
     for (int j = 0; j < TB; j++)
         x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;
 
+    /* fetch the next block of R rows (contiguous) while this one runs, on the
+     * first pass over these rows only: R lines of it per 32 columns */
+    const char *pf = NULL;
+    if (t0 == 0 && R >= 2 && r + 2 * (uint64_t)R <= rows)
+        pf = (const char *)(W + (r + (uint64_t)R) * cols);
     uint64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
+        if (pf)
+#pragma GCC unroll 2
+            for (int i = 0; i < R; i++)
+                _mm_prefetch(pf + (c / 32 * (uint64_t)R + (uint64_t)i) * 64, _MM_HINT_T0);
 #pragma GCC unroll 2
         for (int i = 0; i < R; i++) {
 #pragma GCC unroll 4
@@ -209,7 +218,7 @@ static uint8_t mx_t1_elem(int k, int j) /* element of vector k, dword j */
 }
 
 AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
-                   const float *xp, float *Y, uint64_t r, const int R)
+                   const float *xp, float *Y, uint64_t r, uint64_t r_end, const int R)
 {
     const __m256i sh[4] = {
         _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4), _mm256_setr_epi32(8, 8, 8, 8, 12, 12, 12, 12),
@@ -225,7 +234,20 @@ AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, 
         p[i] = packed + (r + (uint64_t)i) * (cols / 2);
         sc[i] = scales + (r + (uint64_t)i) * groups;
     }
+    /* short rows: fetch the next block of R rows (R*16 bytes per group) and
+     * its scales while this block is decoded */
+    const char *pf_p = NULL, *pf_s = NULL;
+    if (R == 2 && r + 2 * (uint64_t)R <= r_end) {
+        pf_p = (const char *)(packed + (r + (uint64_t)R) * (cols / 2));
+        pf_s = (const char *)(scales + (r + (uint64_t)R) * groups);
+    }
     for (uint64_t g = 0; g < groups; g++) {
+        if (pf_p) {
+            if ((g & 1) == 0)
+                _mm_prefetch(pf_p + g * 32, _MM_HINT_T0);
+            if (g * 64 < (uint64_t)R * groups)
+                _mm_prefetch(pf_s + g * 64, _MM_HINT_T0);
+        }
 #pragma GCC unroll 2
         for (int i = 0; i < R; i++) {
             uint8_t s = sc[i][g];
@@ -257,8 +279,8 @@ AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, 
     }
 }
 
-static void mx_t1_2(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, 2); }
-static void mx_t1_1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, 1); }
+static void mx_t1_2(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 2); }
+static void mx_t1_1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 1); }
 
 static void mx_t1_permute_x(const float *x, uint64_t cols, float *xp)
 {
@@ -277,9 +299,9 @@ static void avx2_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, uint
         _Alignas(32) float xp[MX_T1_MAX_COLS];
         mx_t1_permute_x(X, cols, xp);
         for (; r + 2 <= r1; r += 2)
-            mx_t1_2(packed, scales, rows, cols, xp, Y, r);
+            mx_t1_2(packed, scales, rows, cols, xp, Y, r, r1);
         for (; r < r1; r++)
-            mx_t1_1(packed, scales, rows, cols, xp, Y, r);
+            mx_t1_1(packed, scales, rows, cols, xp, Y, r, r1);
         return;
     }
     if (T == 1) {

@@ -6,17 +6,23 @@
  * and every step is the same fmaf as in ref.c (vfmadd rounds once). The fold
  * (fold32) adds the halves exactly in the ref.c tree order.
  *
- * Work is done in tiles of R rows x TB activation vectors whose accumulators
- * stay in registers for the whole row: weights are converted once per tile and
- * used TB times; for T > TB the same few rows are re-read from L1, not from
- * memory. Tiles change nothing in the per-output order.
+ * bf16: tiles of R rows x TB activation vectors (4x1 at T = 1, 4x3 else)
+ * whose accumulators stay in registers for the whole row; the weights are
+ * widened once per tile and used TB times, and for T > TB the same rows are
+ * re-read from L1/L2, never from memory. The next block of rows is
+ * prefetched while a block runs.
  *
- * MXFP4 decode: the group's scale multiplies the 16-entry E2M1 table once
- * (exactly the ref.c product e2m1 * 2^(s-127)); vpermps then looks up 16
- * weights at a time from dword indices whose low 4 bits are the nibbles, in
- * element order. With AVX512-VBMI one vpmultishiftqb builds those indices from
- * 8 bytes; without it a vpshufb + vpsrlvd pair does. Groups with scale 255 are
- * skipped, as in ref.c.
+ * MXFP4: the group's row of k3_kern_mx_table (e2m1 * 2^(s-127) for all 16
+ * nibbles, exactly the ref.c weights) is the vpermps table, so no multiply
+ * is needed. At T = 1 (decode-bound) the activations are permuted once per
+ * call so that one vpsrlvd per 16 weights suffices (see mx_t1_tile). For
+ * T > 1 the decode uses vpmultishiftqb (AVX512-VBMI) or vpshufb + vpsrlvd to
+ * put the nibbles in element order, and the work runs in panels of rows and
+ * chunks of columns with the lanes parked in a stack buffer between chunks
+ * (see mx_batched). Groups with scale 255 are skipped, as in ref.c.
+ *
+ * None of this changes the per-output order: every lane takes its columns in
+ * increasing order, and fold32 is the ref.c tree.
  */
 #include "k3_kern.h"
 #include "kern_impl.h"
@@ -70,8 +76,17 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
     for (int j = 0; j < TB; j++)
         x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;
 
+    /* the next block of R rows (contiguous) is fetched while this one runs:
+     * R lines of it per 32 columns, on the first pass over these rows only */
+    const char *pf = NULL;
+    if (t0 == 0 && R >= 2 && r + 2 * (uint64_t)R <= rows)
+        pf = (const char *)(W + (r + (uint64_t)R) * cols);
     uint64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
+        if (pf)
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++)
+                _mm_prefetch(pf + (c / 32 * (uint64_t)R + (uint64_t)i) * 64, _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
             __m512 w0 = bf16x16(w[i] + c), w1 = bf16x16(w[i] + c + 16);
@@ -187,14 +202,25 @@ AI void mx_decode_shuf(const uint8_t *p, __m512 tab, __m512 *w0, __m512 *w1)
 
 #define MX_TILE_BODY(DECODE)                                                              \
     uint64_t groups = cols / 32;                                                          \
-    __m512 acc[4][4][2];                                                                  \
-    const float *x[4];                                                                    \
+    __m512 acc[4][1][2];                                                                  \
+    const float *x[1];                                                                    \
     _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)                                   \
-        _Pragma("GCC unroll 4") for (int j = 0; j < TB; j++)                              \
+        _Pragma("GCC unroll 8") for (int j = 0; j < TB; j++)                              \
             acc[i][j][0] = acc[i][j][1] = _mm512_setzero_ps();                            \
-    _Pragma("GCC unroll 4") for (int j = 0; j < TB; j++)                                  \
+    _Pragma("GCC unroll 8") for (int j = 0; j < TB; j++)                                  \
         x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;                                   \
+    const char *pf = NULL;                                                                \
+    if (t0 == 0 && R >= 2 && r + 2 * (uint64_t)R <= rows)                                 \
+        pf = (const char *)(packed + (r + (uint64_t)R) * (cols / 2));                     \
     for (uint64_t g = 0; g < groups; g++) {                                               \
+        /* next R rows: R*16 bytes per group; their scales at the start */                \
+        if (pf) {                                                                         \
+            if ((g * (uint64_t)R * 16) % 64 == 0)                                         \
+                _mm_prefetch(pf + g * (uint64_t)R * 16, _MM_HINT_T0);                     \
+            if (g * 64 < (uint64_t)R * groups)                                            \
+                _mm_prefetch((const char *)(scales + (r + (uint64_t)R) * groups) + g * 64, \
+                             _MM_HINT_T0);                                                \
+        }                                                                                 \
         _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) {                             \
             uint8_t s = scales[(r + (uint64_t)i) * groups + g];                           \
             if (s == 255)                                                                 \
@@ -202,14 +228,14 @@ AI void mx_decode_shuf(const uint8_t *p, __m512 tab, __m512 *w0, __m512 *w1)
             __m512 tab = _mm512_load_ps(k3_kern_mx_table[s]);                             \
             __m512 w0, w1;                                                                \
             DECODE(packed + (r + (uint64_t)i) * (cols / 2) + g * 16, tab, &w0, &w1);      \
-            _Pragma("GCC unroll 4") for (int j = 0; j < TB; j++) {                        \
+            _Pragma("GCC unroll 8") for (int j = 0; j < TB; j++) {                        \
                 acc[i][j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + g * 32), acc[i][j][0]); \
                 acc[i][j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + g * 32 + 16), acc[i][j][1]); \
             }                                                                             \
         }                                                                                 \
     }                                                                                     \
     _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)                                   \
-        _Pragma("GCC unroll 4") for (int j = 0; j < TB; j++)                              \
+        _Pragma("GCC unroll 8") for (int j = 0; j < TB; j++)                              \
             Y[(uint64_t)(t0 + (uint32_t)j) * rows + r + (uint64_t)i] =                    \
                 fold32(acc[i][j][0], acc[i][j][1]);
 
@@ -227,6 +253,128 @@ AI void mx_tile_shuf(const uint8_t *packed, const uint8_t *scales, uint64_t rows
     MX_TILE_BODY(mx_decode_shuf)
 }
 
+/*
+ * T > 1: panels of MX_PANEL rows, column chunks of MX_CHUNK groups. For each
+ * chunk, every block of up to 6 activation vectors runs over all rows of the
+ * panel: that block's slice of X (6 x 2 KiB) stays in L1 for all of them and
+ * the panel's slice of weights (8 x 256 B) stays in L1 for all blocks. The 32
+ * lanes of every (row, vector) live in accb between chunks; each lane still
+ * takes its columns in increasing order, so the result is the ref.c one.
+ * The weights come from memory once per call (per 64 vectors).
+ */
+#define MX_PANEL 8
+#define MX_CHUNK 16
+#define MX_TSLICE 64
+
+#define MX_CHUNK_BODY(DECODE)                                                             \
+    uint64_t groups = cols / 32;                                                          \
+    __m512 acc[2][6][2];                                                                  \
+    const float *x[6];                                                                    \
+    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++)                                   \
+        _Pragma("GCC unroll 8") for (int j = 0; j < TB; j++) {                            \
+            acc[i][j][0] = _mm512_load_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32); \
+            acc[i][j][1] = _mm512_load_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32 + 16); \
+        }                                                                                 \
+    _Pragma("GCC unroll 8") for (int j = 0; j < TB; j++)                                  \
+        x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;                                   \
+    for (uint64_t g = g0; g < g1; g++) {                                                  \
+        _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {                             \
+            uint8_t s = scales[(r + (uint64_t)i) * groups + g];                           \
+            if (s == 255)                                                                 \
+                continue;                                                                 \
+            __m512 tab = _mm512_load_ps(k3_kern_mx_table[s]);                             \
+            __m512 w0, w1;                                                                \
+            DECODE(packed + (r + (uint64_t)i) * (cols / 2) + g * 16, tab, &w0, &w1);      \
+            _Pragma("GCC unroll 8") for (int j = 0; j < TB; j++) {                        \
+                acc[i][j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + g * 32), acc[i][j][0]); \
+                acc[i][j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + g * 32 + 16), acc[i][j][1]); \
+            }                                                                             \
+        }                                                                                 \
+    }                                                                                     \
+    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++)                                   \
+        _Pragma("GCC unroll 8") for (int j = 0; j < TB; j++) {                            \
+            _mm512_store_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32, acc[i][j][0]); \
+            _mm512_store_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32 + 16, acc[i][j][1]); \
+        }
+
+typedef void (*mx_chunk_fn)(const uint8_t *, const uint8_t *, uint64_t, const float *, float *,
+                            uint64_t, uint64_t, uint32_t, uint64_t, uint64_t);
+#define MX_CHUNK_FN(KIND, ATTR, R, TB)                                                    \
+    ATTR static void mxc_##KIND##_##R##x##TB(const uint8_t *packed, const uint8_t *scales, \
+                                             uint64_t cols, const float *X, float *accb,  \
+                                             uint64_t acc_t, uint64_t r, uint32_t t0,      \
+                                             uint64_t g0, uint64_t g1)                     \
+    {                                                                                     \
+        const int R_ = R, TB_ = TB;                                                       \
+        mxc_body_##KIND(packed, scales, cols, X, accb, acc_t, r, t0, g0, g1, R_, TB_);    \
+    }
+
+__attribute__((target("avx512vbmi")))
+static inline __attribute__((always_inline)) void mxc_body_vbmi(
+    const uint8_t *packed, const uint8_t *scales, uint64_t cols, const float *X, float *accb,
+    uint64_t acc_t, uint64_t r, uint32_t t0, uint64_t g0, uint64_t g1, const int R, const int TB)
+{
+    MX_CHUNK_BODY(mx_decode_vbmi)
+}
+
+AI void mxc_body_shuf(const uint8_t *packed, const uint8_t *scales, uint64_t cols, const float *X,
+                      float *accb, uint64_t acc_t, uint64_t r, uint32_t t0, uint64_t g0,
+                      uint64_t g1, const int R, const int TB)
+{
+    MX_CHUNK_BODY(mx_decode_shuf)
+}
+
+#define MX_CHUNK_SET(KIND, ATTR)                                                          \
+    MX_CHUNK_FN(KIND, ATTR, 2, 1) MX_CHUNK_FN(KIND, ATTR, 2, 2) MX_CHUNK_FN(KIND, ATTR, 2, 3) \
+    MX_CHUNK_FN(KIND, ATTR, 2, 4) MX_CHUNK_FN(KIND, ATTR, 2, 5) MX_CHUNK_FN(KIND, ATTR, 2, 6) \
+    MX_CHUNK_FN(KIND, ATTR, 1, 1) MX_CHUNK_FN(KIND, ATTR, 1, 2) MX_CHUNK_FN(KIND, ATTR, 1, 3) \
+    MX_CHUNK_FN(KIND, ATTR, 1, 4) MX_CHUNK_FN(KIND, ATTR, 1, 5) MX_CHUNK_FN(KIND, ATTR, 1, 6)
+MX_CHUNK_SET(vbmi, __attribute__((target("avx512vbmi"))))
+MX_CHUNK_SET(shuf, )
+
+struct mx_chunks {
+    mx_chunk_fn two[7], one[7];
+};
+static const struct mx_chunks mxc_vbmi = {
+    {0, mxc_vbmi_2x1, mxc_vbmi_2x2, mxc_vbmi_2x3, mxc_vbmi_2x4, mxc_vbmi_2x5, mxc_vbmi_2x6},
+    {0, mxc_vbmi_1x1, mxc_vbmi_1x2, mxc_vbmi_1x3, mxc_vbmi_1x4, mxc_vbmi_1x5, mxc_vbmi_1x6}};
+static const struct mx_chunks mxc_shuf = {
+    {0, mxc_shuf_2x1, mxc_shuf_2x2, mxc_shuf_2x3, mxc_shuf_2x4, mxc_shuf_2x5, mxc_shuf_2x6},
+    {0, mxc_shuf_1x1, mxc_shuf_1x2, mxc_shuf_1x3, mxc_shuf_1x4, mxc_shuf_1x5, mxc_shuf_1x6}};
+
+static void mx_batched(const struct mx_chunks *k, const uint8_t *packed, const uint8_t *scales,
+                       uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y,
+                       uint64_t r0, uint64_t r1)
+{
+    _Alignas(64) float accb[MX_PANEL * MX_TSLICE * 32];
+    uint64_t groups = cols / 32;
+    for (uint32_t ts = 0; ts < T; ts += MX_TSLICE) {
+        uint32_t nt = T - ts < MX_TSLICE ? T - ts : MX_TSLICE;
+        for (uint64_t rp = r0; rp < r1; rp += MX_PANEL) {
+            uint64_t np = r1 - rp < MX_PANEL ? r1 - rp : MX_PANEL;
+            memset(accb, 0, np * nt * 32 * sizeof(float));
+            for (uint64_t g0 = 0; g0 < groups; g0 += MX_CHUNK) {
+                uint64_t g1 = groups - g0 < MX_CHUNK ? groups : g0 + MX_CHUNK;
+                for (uint32_t t = 0; t < nt; t += 6) {
+                    uint32_t tb = nt - t < 6 ? nt - t : 6;
+                    uint64_t i = 0;
+                    for (; i + 2 <= np; i += 2)
+                        k->two[tb](packed, scales, cols, X, accb + (i * nt + t) * 32, nt, rp + i,
+                                   ts + t, g0, g1);
+                    if (i < np)
+                        k->one[tb](packed, scales, cols, X, accb + (i * nt + t) * 32, nt, rp + i,
+                                   ts + t, g0, g1);
+                }
+            }
+            for (uint64_t i = 0; i < np; i++)
+                for (uint32_t t = 0; t < nt; t++) {
+                    const float *a = accb + (i * nt + t) * 32;
+                    Y[(uint64_t)(ts + t) * rows + rp + i] = fold32(_mm512_load_ps(a), _mm512_load_ps(a + 16));
+                }
+        }
+    }
+}
+
 typedef void (*mx_tile_fn)(const uint8_t *, const uint8_t *, uint64_t, uint64_t, const float *,
                            float *, uint64_t, uint32_t);
 
@@ -240,33 +388,18 @@ typedef void (*mx_tile_fn)(const uint8_t *, const uint8_t *, uint64_t, uint64_t,
 #define VBMI __attribute__((target("avx512vbmi")))
 MX_TILE_FN(vbmi, VBMI, 4, 1)
 MX_TILE_FN(vbmi, VBMI, 1, 1)
-MX_TILE_FN(vbmi, VBMI, 2, 1)
-MX_TILE_FN(vbmi, VBMI, 2, 2)
-MX_TILE_FN(vbmi, VBMI, 2, 3)
-MX_TILE_FN(vbmi, VBMI, 2, 4)
-MX_TILE_FN(vbmi, VBMI, 1, 2)
-MX_TILE_FN(vbmi, VBMI, 1, 3)
-MX_TILE_FN(vbmi, VBMI, 1, 4)
 MX_TILE_FN(shuf, , 4, 1)
 MX_TILE_FN(shuf, , 1, 1)
-MX_TILE_FN(shuf, , 2, 1)
-MX_TILE_FN(shuf, , 2, 2)
-MX_TILE_FN(shuf, , 2, 3)
-MX_TILE_FN(shuf, , 2, 4)
-MX_TILE_FN(shuf, , 1, 2)
-MX_TILE_FN(shuf, , 1, 3)
-MX_TILE_FN(shuf, , 1, 4)
 
+/* T = 1 with cols past the stack buffer of the permuted path, and the
+ * batched chunks, each in the VBMI and the shuffle decode */
 struct mx_tiles {
-    mx_tile_fn t4x1, two[5], one[5];
+    mx_tile_fn t4x1, t1x1;
+    const struct mx_chunks *chunks;
 };
 
-static const struct mx_tiles mx_vbmi = {
-    mx_vbmi_4x1, {0, mx_vbmi_2x1, mx_vbmi_2x2, mx_vbmi_2x3, mx_vbmi_2x4},
-    {0, mx_vbmi_1x1, mx_vbmi_1x2, mx_vbmi_1x3, mx_vbmi_1x4}};
-static const struct mx_tiles mx_shuf = {
-    mx_shuf_4x1, {0, mx_shuf_2x1, mx_shuf_2x2, mx_shuf_2x3, mx_shuf_2x4},
-    {0, mx_shuf_1x1, mx_shuf_1x2, mx_shuf_1x3, mx_shuf_1x4}};
+static const struct mx_tiles mx_vbmi = {mx_vbmi_4x1, mx_vbmi_1x1, &mxc_vbmi};
+static const struct mx_tiles mx_shuf = {mx_shuf_4x1, mx_shuf_1x1, &mxc_shuf};
 
 /* K3_MX_DECODE=shuf forces the non-VBMI decode (tests cover both). */
 static const struct mx_tiles *mx_tiles_pick(void)
@@ -296,24 +429,41 @@ static const struct mx_tiles *mx_tiles_pick(void)
 #define MX_T1_MAX_COLS 8192
 
 AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
-                   const float *xp, float *Y, uint64_t r, const int R)
+                   const float *xp, float *Y, uint64_t r, uint64_t r_end, const int R)
 {
+    /* Rows are only cols/2 bytes long, so R interleaved short streams defeat
+     * the hardware prefetchers: fetch the next block of R rows (R/4 lines of
+     * packed bytes per group, its scales in the first groups) while this one
+     * is decoded. 8 rows per block: one x load serves 8 rows. */
+    const char *pf_p = NULL, *pf_s = NULL;
+    uint64_t pf_s_bytes = 0;
+    if (R >= 4 && r + 2 * (uint64_t)R <= r_end) {
+        pf_p = (const char *)(packed + (r + (uint64_t)R) * (cols / 2));
+        pf_s = (const char *)(scales + (r + (uint64_t)R) * (cols / 32));
+        pf_s_bytes = (uint64_t)R * (cols / 32);
+    }
     const __m512i sh_e = _mm512_set_epi32(24, 24, 24, 24, 16, 16, 16, 16, 8, 8, 8, 8, 0, 0, 0, 0);
     const __m512i sh_o = _mm512_set_epi32(28, 28, 28, 28, 20, 20, 20, 20, 12, 12, 12, 12, 4, 4, 4, 4);
     const __m512i un_lo = _mm512_set_epi32(29, 13, 25, 9, 21, 5, 17, 1, 28, 12, 24, 8, 20, 4, 16, 0);
     const __m512i un_hi = _mm512_set_epi32(31, 15, 27, 11, 23, 7, 19, 3, 30, 14, 26, 10, 22, 6, 18, 2);
     uint64_t groups = cols / 32;
-    __m512 acc[4][2];
-    const uint8_t *p[4], *sc[4];
-#pragma GCC unroll 4
+    __m512 acc[8][2];
+    const uint8_t *p[8], *sc[8];
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
         acc[i][0] = acc[i][1] = _mm512_setzero_ps();
         p[i] = packed + (r + (uint64_t)i) * (cols / 2);
         sc[i] = scales + (r + (uint64_t)i) * groups;
     }
     for (uint64_t g = 0; g < groups; g++) {
+        if (pf_p) {
+            for (int q = 0; q < R / 4; q++)
+                _mm_prefetch(pf_p + (g * (uint64_t)(R / 4) + (uint64_t)q) * 64, _MM_HINT_T0);
+            if (g * 64 < pf_s_bytes)
+                _mm_prefetch(pf_s + g * 64, _MM_HINT_T0);
+        }
         __m512 xe = _mm512_load_ps(xp + g * 32), xo = _mm512_load_ps(xp + g * 32 + 16);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             uint8_t s = sc[i][g];
             if (s == 255)
@@ -326,7 +476,7 @@ AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, 
             acc[i][1] = _mm512_fmadd_ps(wo, xo, acc[i][1]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
         __m512 lo = _mm512_permutex2var_ps(acc[i][0], un_lo, acc[i][1]);
         __m512 hi = _mm512_permutex2var_ps(acc[i][0], un_hi, acc[i][1]);
@@ -334,8 +484,9 @@ AI void mx_t1_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, 
     }
 }
 
-static void mx_t1_4(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, 4); }
-static void mx_t1_1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, 1); }
+static void mx_t1_4(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 4); }
+static void mx_t1_8(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 8); }
+static void mx_t1_1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 1); }
 
 /* xp = x with each group of 32 reordered: 16 even elements then 16 odd ones,
  * element 2*(4*(j%4) + j/4) (+1) at position j. */
@@ -359,25 +510,22 @@ static void avx512_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, ui
     if (T == 1 && cols <= MX_T1_MAX_COLS) {
         _Alignas(64) float xp[MX_T1_MAX_COLS];
         mx_t1_permute_x(X, cols, xp);
+        for (; r + 8 <= r1; r += 8)
+            mx_t1_8(packed, scales, rows, cols, xp, Y, r, r1);
         for (; r + 4 <= r1; r += 4)
-            mx_t1_4(packed, scales, rows, cols, xp, Y, r);
+            mx_t1_4(packed, scales, rows, cols, xp, Y, r, r1);
         for (; r < r1; r++)
-            mx_t1_1(packed, scales, rows, cols, xp, Y, r);
+            mx_t1_1(packed, scales, rows, cols, xp, Y, r, r1);
         return;
     }
     if (T == 1) {
         for (; r + 4 <= r1; r += 4)
             k->t4x1(packed, scales, rows, cols, X, Y, r, 0);
         for (; r < r1; r++)
-            k->one[1](packed, scales, rows, cols, X, Y, r, 0);
+            k->t1x1(packed, scales, rows, cols, X, Y, r, 0);
         return;
     }
-    for (; r + 2 <= r1; r += 2)
-        for (uint32_t t = 0; t < T; t += 4)
-            k->two[T - t >= 4 ? 4 : T - t](packed, scales, rows, cols, X, Y, r, t);
-    for (; r < r1; r++)
-        for (uint32_t t = 0; t < T; t += 4)
-            k->one[T - t >= 4 ? 4 : T - t](packed, scales, rows, cols, X, Y, r, t);
+    mx_batched(k->chunks, packed, scales, rows, cols, X, T, Y, r0, r1);
 }
 
 const k3_kern_path k3_kern_path_avx512 = {

@@ -29,8 +29,6 @@ typedef struct k3_kern_path {
 extern const k3_kern_path k3_kern_path_scalar;
 extern const k3_kern_path k3_kern_path_avx2;
 extern const k3_kern_path k3_kern_path_avx512;
-/* opt-in, not bit-identical: bf16 products with activations rounded to bf16 */
-extern const k3_kern_path k3_kern_path_avx512bf16;
 
 /* The path in use (k3_kern_init has run). */
 const k3_kern_path *k3_kern_path_current(void);

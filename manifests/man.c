@@ -513,12 +513,13 @@ static int check_self_hash(pctx *p, const cJSON *root, const char *text, uint64_
     uint8_t want[32], got[32];
     if (k3_man_unhex(hex, want))
         return bad(p, "self_sha256", "is not 64 lower-case hex digits");
-    const char *at = NULL;
-    for (const char *q = text; (q = memmem(q, (size_t)(text + len - q), hex, 64)); q += 64) {
-        if (at)
-            return bad(p, "self_sha256", "its value occurs twice in the text");
-        at = q;
-    }
+    /* the value is the one after the last "self_sha256" key of the text */
+    static const char key[] = "\"self_sha256\"";
+    const char *k = NULL, *at = NULL;
+    for (const char *q = text; (q = memmem(q, (size_t)(text + len - q), key, sizeof key - 1)); q++)
+        k = q;
+    if (k)
+        at = memmem(k, (size_t)(text + len - k), hex, 64);
     char *copy = malloc((size_t)len + 1);
     if (!copy || !at) {
         free(copy);
@@ -777,8 +778,12 @@ char *k3_man_to_json(const k3_man *m)
     cJSON_Delete(root);
     if (!txt)
         return NULL;
-    /* the hash of the text with 64 zeros in place of the hash itself */
-    char *slot = strstr(txt, ZERO_HEX);
+    /* the hash of the text with 64 zeros in place of the hash itself; the
+     * slot is the value after the (last) "self_sha256" key */
+    char *key = NULL;
+    for (char *q = txt; (q = strstr(q, "\"self_sha256\"")); q++)
+        key = q;
+    char *slot = key ? strstr(key, ZERO_HEX) : NULL;
     uint8_t sha[32];
     unsigned int hl = 0;
     if (!slot || EVP_Digest(txt, strlen(txt), sha, &hl, EVP_sha256(), NULL) != 1) {

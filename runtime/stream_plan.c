@@ -34,6 +34,7 @@ void k3_stream_opts_init(k3_stream_opts *o)
     o->nthreads = 1;
     o->io_threads = 4;
     o->trunk_crc = 1;
+    o->piece_bytes = 128ull << 20;
 }
 
 int k3_stream_parse_budget(const char *s, uint64_t *out, k3_err *e)
@@ -167,6 +168,35 @@ void k3_stream_cfg_groups(const k3_cfg *c, uint64_t *gb, uint64_t *embed_row, ui
     *stride = c->num_hidden_layers > c->first_k_dense_replace ? (r + 4095) / 4096 * 4096 : 0;
 }
 
+void k3_stream_cfg_cores(const k3_cfg *c, uint64_t piece, const uint64_t *gb, uint64_t *cb, uint64_t *piece_max)
+{
+    const uint64_t E = c->hidden_size, IDN = c->intermediate_size, V = c->vocab_size;
+    *piece_max = 0;
+    for (uint32_t L = 0; L <= c->num_hidden_layers; L++) {
+        cb[L] = gb[L];
+        uint64_t rowb[3] = {0, 0, 0}, nb[3] = {0, 0, 0};
+        int n = 0;
+        if (L == c->num_hidden_layers) {
+            rowb[n] = E * 2; nb[n++] = V * E * 2;
+        } else if (k3_cfg_layer_is_dense(c, L)) {
+            rowb[n] = E * 2; nb[n++] = IDN * E * 2;
+            rowb[n] = E * 2; nb[n++] = IDN * E * 2;
+            rowb[n] = IDN * 2; nb[n++] = E * IDN * 2;
+        }
+        for (int i = 0; i < n && piece; i++)
+            if (nb[i] > piece) {
+                cb[L] -= nb[i];
+                uint64_t rows = piece / rowb[i] ? piece / rowb[i] : 1;
+                uint64_t pr = (rows * rowb[i] + 4095) / 4096 * 4096 + 4096;
+                if (pr > *piece_max)
+                    *piece_max = pr;
+            }
+        cb[L] = (cb[L] + 4095) / 4096 * 4096 + 4096 * 4;   /* segments widened at both ends */
+        if (cb[L] > gb[L])
+            cb[L] = gb[L];
+    }
+}
+
 /* Largest slot count whose arena fits in room bytes. */
 static uint32_t slots_in(uint64_t room, uint64_t stride, uint64_t cap)
 {
@@ -182,7 +212,7 @@ static uint32_t slots_in(uint64_t room, uint64_t stride, uint64_t cap)
 
 typedef struct cand {
     uint8_t pinned[K3_CFG_MAX_LAYERS + 1];
-    uint64_t pinned_bytes, streamed, ring, largest;
+    uint64_t pinned_bytes, streamed, ring, largest, pring, pmin;
     uint32_t slots;
     int dbl;
 } cand;
@@ -214,12 +244,22 @@ int k3_stream_plan_make(const k3_stream_shape *sh, const k3_cfg *c, const k3_str
             order[j - 1] = t;
         }
     p->trunk_total = all;
-    const uint64_t maxg = sh->group_bytes[order[0]];
+    const uint64_t *cb = sh->core_bytes ? sh->core_bytes : sh->group_bytes;
+    uint64_t maxg = 0;
+    int any_piece = 0;
+    for (uint32_t g = 0; g < G; g++) {
+        if (cb[g] > maxg)
+            maxg = cb[g];
+        any_piece |= cb[g] < sh->group_bytes[g];
+    }
+    /* the piece ring always holds two pieces: pieces exist to be read while
+     * the previous one is multiplied */
+    const uint64_t pmax = any_piece ? 2 * sh->piece_max : 0;
     const uint64_t nrec = sh->expert_stride ? (uint64_t)sh->n_moe_layers * sh->num_experts : 0;
     const uint32_t kmin = sh->expert_stride ? sh->top_k : 0;
     const uint64_t xmin = k3_stream_arena_bytes(kmin * sh->expert_stride);
-    p->floor = fixed + k3_stream_arena_bytes(maxg) + xmin;
-    p->floor_double = fixed + k3_stream_arena_bytes(2 * maxg) + xmin;
+    p->floor = fixed + k3_stream_arena_bytes(maxg) + k3_stream_arena_bytes(pmax) + xmin;
+    p->floor_double = fixed + k3_stream_arena_bytes(2 * maxg) + k3_stream_arena_bytes(pmax) + xmin;
     p->resident = fixed + k3_stream_arena_bytes(all) + k3_stream_arena_bytes(nrec * sh->expert_stride);
 
     uint64_t B = o->budget;
@@ -259,9 +299,17 @@ int k3_stream_plan_make(const k3_stream_shape *sh, const k3_cfg *c, const k3_str
             cur.pinned[order[i]] = 1;
             cur.pinned_bytes += sh->group_bytes[order[i]];
         }
-        cur.largest = np < G ? sh->group_bytes[order[np]] : 0;
+        int pieces = 0;
+        for (uint32_t i = np; i < G; i++) {
+            if (cb[order[i]] > cur.largest)
+                cur.largest = cb[order[i]];
+            pieces |= cb[order[i]] < sh->group_bytes[order[i]];
+        }
         cur.ring = cur.largest;
-        uint64_t cost = fixed + k3_stream_arena_bytes(cur.pinned_bytes) + k3_stream_arena_bytes(cur.ring) + xmin;
+        cur.pmin = pieces ? pmax : 0;
+        cur.pring = cur.pmin;
+        uint64_t cost = fixed + k3_stream_arena_bytes(cur.pinned_bytes) + k3_stream_arena_bytes(cur.ring) +
+                        k3_stream_arena_bytes(cur.pring) + xmin;
         if (cost > B)
             continue;
         uint64_t left = B - cost;
@@ -283,10 +331,12 @@ int k3_stream_plan_make(const k3_stream_shape *sh, const k3_cfg *c, const k3_str
             }
         }
         cur.streamed = all - cur.pinned_bytes;
-        if (cur.streamed == 0) {   /* nothing left to stream: the ring goes back to the experts */
-            left += k3_stream_arena_bytes(cur.ring);
+        if (cur.streamed == 0) {   /* nothing left to stream: the rings go back to the experts */
+            left += k3_stream_arena_bytes(cur.ring) + k3_stream_arena_bytes(cur.pring);
             cur.ring = 0;
             cur.largest = 0;
+            cur.pring = 0;
+            cur.pmin = 0;
         }
         cur.slots = kmin ? slots_in(xmin + left, sh->expert_stride, nrec) : 0;
         if (cur.slots < kmin)
@@ -310,11 +360,13 @@ int k3_stream_plan_make(const k3_stream_shape *sh, const k3_cfg *c, const k3_str
     p->ring = best.ring;
     p->largest_streamed = best.largest;
     p->double_buffered = best.dbl;
+    p->piece_ring = best.pring;
+    p->piece_max = best.pmin;
     p->expert_slots = best.slots;
     p->expert_bytes = k3_stream_arena_bytes((uint64_t)best.slots * sh->expert_stride);
     p->mapped_pinned = k3_stream_arena_bytes(p->trunk_pinned);
     p->mapped_ring = k3_stream_arena_bytes(p->ring);
-    p->total = fixed + p->mapped_pinned + p->mapped_ring + p->expert_bytes;
+    p->total = fixed + p->mapped_pinned + p->mapped_ring + k3_stream_arena_bytes(p->piece_ring) + p->expert_bytes;
     if (p->total > B)
         return k3_err_set(e, K3_EINTERNAL, "plan: total %llu exceeds the budget %llu", (unsigned long long)p->total,
                           (unsigned long long)B);
@@ -343,6 +395,9 @@ void k3_stream_plan_print(const k3_stream_plan *p, FILE *f, const char *pre)
     fprintf(f, "%s  ring           %s  largest streamed group %s, %s\n", pre, sz(a, p->mapped_ring),
             sz(b, p->largest_streamed),
             p->ring == 0 ? "unused" : p->double_buffered ? "double-buffered" : "single slot");
+    if (p->piece_ring)
+        fprintf(f, "%s  piece ring     %s  two row pieces of the largest matrices, %s each\n", pre,
+                sz(a, k3_stream_arena_bytes(p->piece_ring)), sz(b, p->piece_max / 2));
     fprintf(f, "%s  expert cache   %s  %u whole-record slots\n", pre, sz(a, p->expert_bytes), p->expert_slots);
     fprintf(f, "%s  kv cache       %s\n", pre, sz(a, p->kv));
     fprintf(f, "%s  state          %s\n", pre, sz(a, p->state));

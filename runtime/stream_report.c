@@ -72,7 +72,7 @@ static cJSON *phase_json(const phase *p)
     return o;
 }
 
-cJSON *k3_stream_report_json(const k3_stream_run *r)
+static cJSON *report_obj(const k3_stream_run *r)
 {
     phase p, d;
     phases(r, &p, &d);
@@ -93,6 +93,7 @@ cJSON *k3_stream_report_json(const k3_stream_run *r)
     cJSON_AddNumberToObject(pl, "pinned_groups", q->n_pinned);
     cJSON_AddNumberToObject(pl, "ring", (double)q->mapped_ring);
     cJSON_AddBoolToObject(pl, "double_buffered", q->double_buffered);
+    cJSON_AddNumberToObject(pl, "piece_ring", (double)k3_stream_arena_bytes(q->piece_ring));
     cJSON_AddNumberToObject(pl, "expert_slots", q->expert_slots);
     cJSON_AddNumberToObject(pl, "expert_cache", (double)q->expert_bytes);
     cJSON_AddNumberToObject(pl, "kv", (double)q->kv);
@@ -108,4 +109,12 @@ cJSON *k3_stream_report_json(const k3_stream_run *r)
     cJSON_AddNumberToObject(o, "ring_drops", (double)r->end.ring_drops);
     cJSON_AddNumberToObject(o, "peak_rss", (double)r->peak_rss);
     return o;
+}
+
+char *k3_stream_report_json(const k3_stream_run *r)
+{
+    cJSON *o = report_obj(r);
+    char *t = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return t;
 }

@@ -31,6 +31,14 @@ struct short_ent {
     uint32_t len;
 };
 
+/* A trie node: its byte, first child and next sibling (0 = none; node 0 is
+ * the root and never a child), and the special ending here (-1 = none). */
+struct trie_node {
+    uint32_t first_child, next_sibling;
+    int32_t special;
+    uint8_t byte;
+};
+
 struct k3_tok {
     uint32_t n_ranks;
     uint32_t vocab;          /* max(n_ranks, largest special id + 1) */
@@ -50,6 +58,8 @@ struct k3_tok {
     uint8_t *special_bytes;
     int32_t *special_of_id;        /* vocab - n_ranks entries: index or -1 */
     uint32_t first_lo[257];        /* specials[first_lo[b] .. first_lo[b+1]) start with b */
+    struct trie_node *trie;        /* the specials' contents as a byte trie, node 0 the root */
+    uint32_t trie_root[256];       /* root's child for each first byte, 0 = none */
 
     uint32_t eos[K3_TOK_MAX_EOS];
     uint32_t n_eos;
@@ -458,13 +468,19 @@ static int load_config(k3_tok *tok, const char *path, k3_err *e)
             goto out;
         }
         total += cl;
+        if (total > K3_TOK_MAX_SPECIAL_TOTAL) {
+            rc = k3_err_set(e, K3_ELIMIT, "%s: added tokens hold more than %u bytes in all", path,
+                            K3_TOK_MAX_SPECIAL_TOTAL);
+            goto out;
+        }
         if (id + 1 > tok->vocab)
             tok->vocab = (uint32_t)id + 1;
     }
     tok->specials = calloc(n ? n : 1, sizeof *tok->specials);
     tok->special_bytes = malloc(total ? total : 1);
     tok->special_of_id = malloc((uint64_t)(tok->vocab - tok->n_ranks + 1) * sizeof *tok->special_of_id);
-    if (!tok->specials || !tok->special_bytes || !tok->special_of_id) {
+    tok->trie = calloc(total + 1, sizeof *tok->trie); /* at most one node per content byte */
+    if (!tok->specials || !tok->special_bytes || !tok->special_of_id || !tok->trie) {
         rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory for %u added tokens", path, n);
         goto out;
     }
@@ -504,6 +520,29 @@ static int load_config(k3_tok *tok, const char *path, k3_err *e)
         while (i < tok->n_special && tok->specials[i].s[0] < b)
             i++;
         tok->first_lo[b] = i;
+    }
+    uint32_t nodes = 1;
+    tok->trie[0].special = -1;
+    for (uint32_t i = 0; i < tok->n_special; i++) {
+        const struct special *sp = &tok->specials[i];
+        uint32_t node = 0;
+        for (uint32_t k = 0; k < sp->len; k++) {
+            uint32_t c = node ? tok->trie[node].first_child : tok->trie_root[sp->s[k]];
+            while (c && tok->trie[c].byte != sp->s[k])
+                c = tok->trie[c].next_sibling;
+            if (!c) {
+                c = nodes++;
+                tok->trie[c] = (struct trie_node){0, 0, -1, sp->s[k]};
+                if (node) {
+                    tok->trie[c].next_sibling = tok->trie[node].first_child;
+                    tok->trie[node].first_child = c;
+                } else {
+                    tok->trie_root[sp->s[k]] = c;
+                }
+            }
+            node = c;
+        }
+        tok->trie[node].special = (int32_t)i;
     }
     /* eos / bos */
     static const char *const fields[2] = {"eos_token", "bos_token"};
@@ -588,6 +627,7 @@ void k3_tok_close(k3_tok *tok)
     free(tok->specials);
     free(tok->special_bytes);
     free(tok->special_of_id);
+    free(tok->trie);
     free(tok);
 }
 
@@ -831,13 +871,21 @@ static const struct special *find_special(const k3_tok *tok, const uint8_t *s, u
                                           uint64_t *at)
 {
     for (uint64_t i = from; i < len; i++) {
-        uint8_t b = s[i];
-        for (uint32_t k = tok->first_lo[b]; k < tok->first_lo[b + 1]; k++) {
-            const struct special *sp = &tok->specials[k];
-            if (sp->len <= len - i && memcmp(sp->s, s + i, sp->len) == 0) {
-                *at = i;
-                return sp;
-            }
+        uint32_t node = tok->trie_root[s[i]];
+        int32_t best = -1;
+        for (uint64_t j = i + 1; node; j++) {
+            if (tok->trie[node].special >= 0)
+                best = tok->trie[node].special;
+            if (j == len)
+                break;
+            uint32_t c = tok->trie[node].first_child;
+            while (c && tok->trie[c].byte != s[j])
+                c = tok->trie[c].next_sibling;
+            node = c;
+        }
+        if (best >= 0) {
+            *at = i;
+            return &tok->specials[best];
         }
     }
     return NULL;

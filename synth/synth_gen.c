@@ -25,6 +25,10 @@
 #include <math.h>
 #include <string.h>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #define PHI 0x9E3779B97F4A7C15ull
 
 uint64_t k3_synth_mix(uint64_t z)
@@ -121,14 +125,6 @@ static gen gen_for(const k3_synth_tensor *t)
     return g;
 }
 
-static inline uint16_t f32_to_bf16_rne(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 #define BLOCK_WORDS 512   /* 4 KiB of random words per step */
 
 /* Generate whole words [w0, w0+nw) of tensor t into out (8*nw bytes). */
@@ -141,29 +137,57 @@ static void gen_words(const k3_synth_tensor *t, const gen *g, uint64_t w0, uint6
             memcpy(out + 8 * j, &r, 8);   /* little-endian: lane 0 = low byte */
         }
     } else if (g->kind == G_SCALE) {
+        /* each byte: s0 - 2 + (two random bits); no carries since s0 + 1 <= 254 */
+        const uint64_t base = 0x0101010101010101ull * (uint64_t)(g->scale0 - 2);
         for (uint64_t j = 0; j < nw; j++) {
-            uint64_t r = word(key, w0 + j);
-            for (int k = 0; k < 8; k++)
-                out[8 * j + k] = (unsigned char)(g->scale0 - 2 + (int)((r >> (8 * k)) & 3));
+            uint64_t r = (word(key, w0 + j) & 0x0303030303030303ull) + base;
+            memcpy(out + 8 * j, &r, 8);
         }
     } else if (t->dtype == K3_DT_F32) {
         const float c = g->center, s = g->half / 2147483647.5f;
         for (uint64_t j = 0; j < nw; j++) {
             uint64_t r = word(key, w0 + j);
-            for (int k = 0; k < 2; k++) {
-                float x = c + s * (float)((double)(uint32_t)(r >> (32 * k)) - 2147483647.5);
-                memcpy(out + 8 * j + 4 * k, &x, 4);
-            }
+            float x[2];
+            x[0] = c + s * (float)((double)(uint32_t)r - 2147483647.5);
+            x[1] = c + s * (float)((double)(uint32_t)(r >> 32) - 2147483647.5);
+            memcpy(out + 8 * j, x, 8);
         }
     } else {
-        const float c = g->center, s = g->half / 32767.5f;
-        for (uint64_t j = 0; j < nw; j++) {
-            uint64_t r = word(key, w0 + j);
+        /* 16 random bits as the mantissa of a float in [1, 2), then an affine
+         * map onto [c-a, c+a) (multiply, then add: no FMA), rounded to bf16
+         * to nearest even. The SSE2 path does two words at once and gives
+         * the same bits as the scalar one. */
+        const float mul = 2.0f * g->half, add = g->center - 3.0f * g->half;
+        uint64_t j = 0;
+#ifdef __SSE2__
+        const __m128 vmul = _mm_set1_ps(mul), vadd = _mm_set1_ps(add);
+        const __m128i one = _mm_set1_epi32(0x3F800000), rnd = _mm_set1_epi32(0x7FFF), lsb = _mm_set1_epi32(1);
+        for (; j + 2 <= nw; j += 2) {
+            __m128i w = _mm_set_epi64x((long long)word(key, w0 + j + 1), (long long)word(key, w0 + j));
+            __m128i lo = _mm_unpacklo_epi16(w, _mm_setzero_si128()), hi = _mm_unpackhi_epi16(w, _mm_setzero_si128());
+            __m128 fl = _mm_castsi128_ps(_mm_or_si128(one, _mm_slli_epi32(lo, 7)));
+            __m128 fh = _mm_castsi128_ps(_mm_or_si128(one, _mm_slli_epi32(hi, 7)));
+            __m128i ul = _mm_castps_si128(_mm_add_ps(vadd, _mm_mul_ps(vmul, fl)));
+            __m128i uh = _mm_castps_si128(_mm_add_ps(vadd, _mm_mul_ps(vmul, fh)));
+            ul = _mm_srli_epi32(_mm_add_epi32(ul, _mm_add_epi32(rnd, _mm_and_si128(_mm_srli_epi32(ul, 16), lsb))), 16);
+            uh = _mm_srli_epi32(_mm_add_epi32(uh, _mm_add_epi32(rnd, _mm_and_si128(_mm_srli_epi32(uh, 16), lsb))), 16);
+            /* sign-extend the 16-bit results so the saturating pack keeps them */
+            ul = _mm_srai_epi32(_mm_slli_epi32(ul, 16), 16);
+            uh = _mm_srai_epi32(_mm_slli_epi32(uh, 16), 16);
+            _mm_storeu_si128((__m128i *)(void *)(out + 8 * j), _mm_packs_epi32(ul, uh));
+        }
+#endif
+        for (; j < nw; j++) {
+            uint64_t r = word(key, w0 + j), packed = 0;
             for (int k = 0; k < 4; k++) {
-                float x = c + s * ((float)(uint16_t)(r >> (16 * k)) - 32767.5f);
-                uint16_t h = f32_to_bf16_rne(x);
-                memcpy(out + 8 * j + 2 * k, &h, 2);
+                uint32_t u = 0x3F800000u | ((uint32_t)(r >> (16 * k)) & 0xFFFFu) << 7;
+                float f;
+                memcpy(&f, &u, 4);
+                f = add + mul * f;
+                memcpy(&u, &f, 4);
+                packed |= (uint64_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << (16 * k);
             }
+            memcpy(out + 8 * j, &packed, 8);
         }
     }
 }

@@ -96,7 +96,7 @@ int k3_synth_preset(k3_synth_opts *o, const char *name, uint32_t layers, uint32_
         m->vocab = 163840;
         o->nested = 1;
         o->vec_dtype = K3_SYNTH_VEC_REAL;
-        o->shard_size = 16000ull << 20;
+        o->shard_size = 15600ull << 20;   /* ~96 shards, like upstream */
     } else {
         return k3_err_set(e, K3_EARG, "unknown preset '%s' (tiny, k3-width, k3)", name);
     }

@@ -242,6 +242,29 @@ K3_TEST(cfg_accepts_the_alternate_spellings)
     check_round_trip(&c);
 }
 
+K3_TEST(cfg_reads_a_nested_config_with_linear_attn_config_at_the_root)
+{
+    char *t = strdup(k3_nested);
+    /* move linear_attn_config out of text_config: cut it and append it at the root */
+    char *a = strstr(t, "\"linear_attn_config\"");
+    char *b = strstr(a, "},\n") + 3;
+    size_t cut = (size_t)(b - a);
+    char *lac = strndup(a, cut - 2);
+    memmove(a, b, strlen(b) + 1);
+    char *end = strrchr(t, '}');
+    char *text = malloc(strlen(t) + strlen(lac) + 8);
+    sprintf(text, "%.*s, %s}\n", (int)(end - t), t, lac);
+    k3_cfg c;
+    k3_err e = {0};
+    CHECK_EQ_INT(parse_text(&c, text, &e), 0);
+    CHECK_STR_EQ(e.msg, "");
+    CHECK_EQ_INT(c.kda_num_heads, 96);
+    CHECK_EQ_INT(c.is_mla[92], 1);
+    free(t);
+    free(lac);
+    free(text);
+}
+
 K3_TEST(cfg_reports_every_missing_field_at_once)
 {
     k3_cfg c;

@@ -131,13 +131,15 @@ K3_TEST(convert_roundtrip_keeps_mxfp4_nibbles_and_scales_and_trunk_bytes)
         CHECK_EQ_INT(k3_pk_read_unit(pk, u, b, 1, &e), 0);
         k3_io_free_aligned(b);
     }
-    /* one layer = its units; every layer has at least one */
-    for (uint32_t L = 0; L < c->num_hidden_layers; L++) {
+    /* one layer = one unit = one read, also for layers whose tensors straddle
+     * a shard boundary (the tiny checkpoint has some); embedding and head too */
+    for (int32_t L = K3_PK_LAYER_HEAD; L < (int32_t)c->num_hidden_layers; L++) {
         const uint32_t *ids;
         uint32_t n;
-        k3_pk_layer_units(pk, (int32_t)L, &ids, &n);
-        CHECK(n >= 1);
+        k3_pk_layer_units(pk, L, &ids, &n);
+        CHECK_EQ_INT(n, 1);
     }
+    CHECK_EQ_INT(k3_pk_unit_count(pk), c->num_hidden_layers + 2);
     k3_io_free_aligned(rec);
     free(want);
     k3_pk_close(pk);
@@ -501,4 +503,79 @@ K3_TEST(convert_interrupted_by_sigint_exits_130_removes_temporaries_and_resumes)
     free(out);
     convert_ok(src, dst, "--resume");
     same_tree(ref, dst);
+}
+
+/* F32 trunk matrices become BF16 by round-to-nearest-even: a BF16 matrix
+ * widened to F32 must come back bit for bit, also when the tensors start at
+ * odd offsets so that elements straddle the read chunks. */
+K3_TEST(convert_f32_trunk_matrices_round_to_the_same_bf16_across_chunk_edges)
+{
+    const char *bf = path_in("bf"), *src = path_in("src"), *dst = path_in("dst");
+    synth(bf, "--no-index --no-tokenizer");
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "mkdir -p %s && cp %s/config.json %s/", src, bf, src), 0);
+    k3_err e = {0};
+    k3_st *st = NULL;
+    CHECK_EQ_INT(k3_st_open(&st, bf, 0, &e), 0);
+    if (!st)
+        return;
+    char out[4200];
+    snprintf(out, sizeof out, "%s/model-00001-of-00001.safetensors", src);
+    k3_stw *w = NULL;
+    CHECK_EQ_INT(k3_stw_create(&w, out, &e), 0);
+    uint64_t n = k3_st_tensor_count(st);
+    uint64_t three = 3;
+    /* an ignored 3-byte tensor first: everything after it is misaligned */
+    CHECK_EQ_INT(k3_stw_add(w, "junk.pad", K3_DT_U8, 1, &three, &e), 0);
+    for (uint64_t i = 0; i < n; i++) {
+        const k3_st_tensor *t = k3_st_tensor_at(st, i);
+        k3_dtype dt = t->dtype == K3_DT_BF16 && t->ndim >= 2 ? K3_DT_F32 : t->dtype;
+        CHECK_EQ_INT(k3_stw_add(w, t->name, dt, t->ndim, t->shape, &e), 0);
+    }
+    CHECK_EQ_INT(k3_stw_begin(w, 1, &e), 0);
+    uint8_t pad[3] = {1, 2, 3};
+    CHECK_EQ_INT(k3_stw_write(w, 0, 0, pad, 3, &e), 0);
+    for (uint64_t i = 0; i < n; i++) {
+        const k3_st_tensor *t = k3_st_tensor_at(st, i);
+        uint8_t *b = malloc(t->nbytes ? t->nbytes : 1);
+        CHECK_EQ_INT(k3_st_read(st, t, b, &e), 0);
+        if (t->dtype == K3_DT_BF16 && t->ndim >= 2) {
+            uint64_t cnt = t->nbytes / 2;
+            float *f = malloc(cnt * 4);
+            k3_bf16_to_f32_n((const uint16_t *)b, f, cnt);
+            CHECK_EQ_INT(k3_stw_write(w, i + 1, 0, f, cnt * 4, &e), 0);
+            free(f);
+        } else {
+            CHECK_EQ_INT(k3_stw_write(w, i + 1, 0, b, t->nbytes, &e), 0);
+        }
+        free(b);
+    }
+    CHECK_EQ_INT(k3_stw_finish(w, &e), 0);
+    k3_stw_free(w);
+    setenv("K3_CONVERT_CHUNK", "4096", 1);
+    convert_ok(src, dst, "");
+    unsetenv("K3_CONVERT_CHUNK");
+    verify_ok(dst);
+    k3_pk *pk = NULL;
+    CHECK_EQ_INT(k3_pk_open(&pk, dst, 0, &e), 0);
+    uint32_t compared = 0;
+    for (uint32_t i = 0; pk && i < k3_pk_tensor_count(pk); i++) {
+        const k3_pk_tensor *t = k3_pk_tensor_at(pk, i);
+        const k3_st_tensor *s = k3_st_find(st, t->name);
+        CHECK(s != NULL);
+        if (!s || s->dtype != K3_DT_BF16 || s->ndim < 2)
+            continue;
+        CHECK_EQ_INT(t->dtype, K3_DT_BF16);
+        uint8_t *a = malloc(s->nbytes), *b = malloc(t->nbytes);
+        CHECK_EQ_INT(k3_st_read(st, s, a, &e), 0);
+        CHECK_EQ_INT(k3_pk_read(pk, k3_pk_unit_at(pk, t->pieces[0].unit)->file, b, t->nbytes, t->pieces[0].offset,
+                                NULL, 0, &e), 0);
+        if (s->nbytes != t->nbytes || memcmp(a, b, t->nbytes))
+            k3t_fail(__FILE__, __LINE__, "%s: F32 -> BF16 did not give the original bytes", t->name);
+        compared++;
+        free(a);
+        free(b);
+    }
+    CHECK(compared > 10);
+    k3_pk_close(pk);
+    k3_st_close(st);
 }

@@ -5,6 +5,8 @@
  * complete (no manifest.json, no DST directory for k3-synth, which publishes
  * its directory in one rename).
  *
+ * k3-run writes only with --logits / --logits-all: same contract.
+ *
  * The full disk is a tmpfs with a size limit, mounted inside a private mount
  * namespace (unshare -m), so it disappears with the test and the host never
  * sees it. That needs root (CAP_SYS_ADMIN); where mounting is not permitted
@@ -177,4 +179,26 @@ K3_TEST(diskfull_pack_exits_8_and_leaves_no_manifest_or_temporary)
     snprintf(cmd, sizeof cmd, "k3-pack %s out --quiet", pk);
     for (int i = 0; i < 4; i++)
         run_full("k3-pack", mnt, cmd, kb[i], forbidden);
+}
+
+K3_TEST(diskfull_run_logits_file_exits_8_and_leaves_no_partial_file)
+{
+    if (!have_tool("k3-synth") || !have_tool("k3-run")) {
+        fprintf(stderr, "  (skipped: no k3-run)\n");
+        return;
+    }
+    const char *tmp = k3t_tmpdir();
+    char up[4096], mnt[4096], cmd[8400];
+    snprintf(up, sizeof up, "%s/up", tmp);
+    snprintf(mnt, sizeof mnt, "%s/mnt", tmp);
+    CHECK_EQ_INT(mkdir(mnt, 0755), 0);
+    if (!can_mount(mnt))
+        return;
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth %s --preset tiny --seed 1 --quiet", up), 0);
+    /* 16 positions x the tiny vocabulary in float32: well over 8 KiB */
+    snprintf(cmd, sizeof cmd,
+             "k3-run %s --ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 --gen 1 --logits-all l.bin", up);
+    static const char *const forbidden[] = {"l.bin", NULL};
+    run_full("k3-run", mnt, cmd, 4, forbidden);
+    run_full("k3-run", mnt, cmd, 8, forbidden);
 }

@@ -1,8 +1,8 @@
 /*
  * t_gates.c - the four correctness gates of k3-run, on a `k3-synth --preset
  * tiny` checkpoint (every mechanism: KDA, MLA, dense, LatentMoE with MXFP4
- * experts, attention-residual blocks), against the independent float64
- * reference tests/ref/k3ref.py:
+ * experts, attention-residual blocks) converted by k3-convert, against the
+ * independent float64 reference tests/ref/k3ref.py run on the upstream files:
  *   Gate 1: teacher-forced logits of all 32 positions within 1e-4 relative
  *           (max |got - ref| / max |ref| per position), argmax identical;
  *   Gate 2: 32 greedy tokens identical to the reference's;
@@ -22,17 +22,20 @@
 static const uint32_t gate_ids[32] = {1, 5, 9, 100, 200, 300, 17, 42, 7, 7, 7, 8, 450, 3, 2, 1,
                                       99, 98, 97, 500, 501, 502, 20, 30, 40, 50, 60, 70, 80, 90, 11, 12};
 
-static const char *synth_tiny(void)
+/* The upstream checkpoint (what the reference reads) and the packed model
+ * k3-convert makes of it (what k3-run is judged on: the product path). */
+static char up_dir[4096], pk_dir[4096];
+
+static void synth_tiny(void)
 {
-    static char dir[4096];
     char *err = NULL;
-    snprintf(dir, sizeof dir, "%s/tiny", k3t_tmpdir());
-    int rc = k3t_runf(NULL, &err, "k3-synth %s --preset tiny --quiet", dir);
+    snprintf(up_dir, sizeof up_dir, "%s/tiny", k3t_tmpdir());
+    snprintf(pk_dir, sizeof pk_dir, "%s/tiny.k3", k3t_tmpdir());
+    int rc = k3t_runf(NULL, &err, "k3-synth %s --preset tiny --quiet && k3-convert %s %s", up_dir, up_dir, pk_dir);
     if (rc)
         fprintf(stderr, "%s", err ? err : "");
     CHECK_EQ_INT(rc, 0);
     free(err);
-    return dir;
 }
 
 static float *read_floats(const char *path, size_t *n)
@@ -76,15 +79,16 @@ static char *gen_ids_of(const char *json)
 
 K3_TEST_TIMEOUT(gate1_logits_match_the_reference_at_every_position, 300)
 {
-    const char *ck = synth_tiny(), *tmp = k3t_tmpdir();
+    synth_tiny();
+    const char *tmp = k3t_tmpdir();
     char *err = NULL;
-    int rc = k3t_runf(NULL, &err, "k3-run %s --ids " GATE_IDS " --gen 0 --logits-all %s/got.bin", ck, tmp);
+    int rc = k3t_runf(NULL, &err, "k3-run %s --ids " GATE_IDS " --gen 0 --logits-all %s/got.bin", pk_dir, tmp);
     if (rc)
         fprintf(stderr, "%s", err ? err : "");
     CHECK_EQ_INT(rc, 0);
     free(err);
     rc = k3t_runf(NULL, &err, "/usr/bin/python3 %s/tests/ref/k3ref.py %s --ids " GATE_IDS " --logits-all %s/ref.bin",
-                  k3t_root(), ck, tmp);
+                  k3t_root(), up_dir, tmp);
     if (rc)
         fprintf(stderr, "%s", err ? err : "");
     CHECK_EQ_INT(rc, 0);
@@ -122,11 +126,11 @@ K3_TEST_TIMEOUT(gate1_logits_match_the_reference_at_every_position, 300)
 
 K3_TEST_TIMEOUT(gate2_greedy_tokens_match_the_reference, 300)
 {
-    const char *ck = synth_tiny();
+    synth_tiny();
     char *out = NULL, *rout = NULL;
-    CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-run %s --ids " GATE_IDS " --gen 32 --json", ck), 0);
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-run %s --ids " GATE_IDS " --gen 32 --json", pk_dir), 0);
     CHECK_EQ_INT(k3t_runf(&rout, NULL, "/usr/bin/python3 %s/tests/ref/k3ref.py %s --ids " GATE_IDS " --gen 32",
-                          k3t_root(), ck), 0);
+                          k3t_root(), up_dir), 0);
     char *a = gen_ids_of(out), *b = gen_ids_of(rout);
     CHECK_STR_EQ(a, b);
     /* 32 tokens, not an early stop */
@@ -139,12 +143,13 @@ K3_TEST_TIMEOUT(gate2_greedy_tokens_match_the_reference, 300)
 
 K3_TEST(gate3_incremental_decode_is_bit_identical_to_recomputing_the_prefix)
 {
-    const char *ck = synth_tiny();
+    synth_tiny();
     k3_err e = {0};
     k3_ws *ws;
     k3_model *m;
     k3_sess *s, *s2;
-    CHECK_EQ_INT(k3_ws_open(&ws, ck, 0, &e), 0);
+    CHECK_EQ_INT(k3_ws_open(&ws, pk_dir, 0, &e), 0);
+    CHECK_STR_EQ(ws->ops->kind, "packed");
     k3_model_opts o = {64};
     CHECK_EQ_INT(k3_model_open(&m, ws, &o, &e), 0);
     const uint32_t V = k3_model_cfg(m)->vocab_size;
@@ -168,13 +173,14 @@ K3_TEST(gate3_incremental_decode_is_bit_identical_to_recomputing_the_prefix)
 
 K3_TEST(gate4_prompt_chunk_size_changes_no_logit_bit)
 {
-    const char *ck = synth_tiny(), *tmp = k3t_tmpdir();
+    synth_tiny();
+    const char *tmp = k3t_tmpdir();
     static const int chunks[3] = {64, 7, 1};
     float *first = NULL;
     size_t n0 = 0;
     for (int k = 0; k < 3; k++) {
         char *err = NULL;
-        int rc = k3t_runf(NULL, &err, "k3-run %s --ids " GATE_IDS " --gen 0 --chunk %d --logits-all %s/c%d.bin", ck,
+        int rc = k3t_runf(NULL, &err, "k3-run %s --ids " GATE_IDS " --gen 0 --chunk %d --logits-all %s/c%d.bin", pk_dir,
                           chunks[k], tmp, chunks[k]);
         if (rc)
             fprintf(stderr, "%s", err ? err : "");

@@ -85,6 +85,14 @@ K3_TEST(run_reports_missing_model_and_bad_ids)
     CHECK_STR_CONTAINS(err, "k3-run: error: ");
     free(err);
     const char *ck = tiny();
+    /* a packed model whose manifest is missing is incomplete, not "some directory" */
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-convert %s %s/pk && rm %s/pk/manifest.json", ck, k3t_tmpdir(), k3t_tmpdir()), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s/pk --ids 1,2", k3t_tmpdir()), 4);
+    CHECK_STR_CONTAINS(err, "no manifest.json");
+    CHECK_EQ_INT(count_lines(err), 1);
+    free(err);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s/config.json --ids 1,2", ck), 2);
+    free(err);
     CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s --ids 1,592", ck), 2);
     CHECK_STR_CONTAINS(err, "out of range");
     free(err);
@@ -278,4 +286,32 @@ K3_TEST(run_refuses_corrupted_or_unreadable_packed_data)
     CHECK_EQ_INT(rc, 4);
     CHECK_EQ_INT(count_lines(err), 1);
     free(err);
+}
+
+K3_TEST(run_json_is_valid_utf8_json_whatever_the_bytes)
+{
+    const char *ck = tiny(), *tmp = k3t_tmpdir();
+    /* random weights produce stray bytes (partial UTF-8, controls) */
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-run %s --prompt 'x' --gen 48 --temperature 2 --seed 3 --json > %s/o.json", ck,
+                          tmp), 0);
+    char *out = NULL;
+    int rc = k3t_runf(&out, NULL, "/usr/bin/python3 -c \"import json,sys; d=json.loads(open(sys.argv[1],'rb')"
+                      ".read().decode('utf-8')); print(len(d['generated_ids']), type(d['text']).__name__, "
+                      "sorted(d['timings']))\" %s/o.json", tmp);
+    CHECK_EQ_INT(rc, 0);
+    CHECK_STR_CONTAINS(out, "48 str ['decode_s', 'decode_tokens_per_s', 'load_s', 'prompt_s', 'prompt_tokens_per_s']");
+    free(out);
+}
+
+/* The kernels promise the same bits on every exact ISA path; the whole model
+ * must then too (avx512bf16 rounds activations and is excluded: opt-in). */
+K3_TEST(run_exact_isa_paths_give_the_same_logits)
+{
+    const char *ck = tiny(), *tmp = k3t_tmpdir();
+    static const char *isa[3] = {"scalar", "avx2", "avx512"};
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_ISA=%s k3-run %s --ids 1,2,3,4,5,6,7 --gen 0 --logits-all %s/%s.bin",
+                              isa[i], ck, tmp, isa[i]), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "cmp -s %s/scalar.bin %s/avx2.bin && cmp -s %s/scalar.bin %s/avx512.bin", tmp,
+                          tmp, tmp, tmp), 0);
 }

@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- helpers -------------------------------------------------------------- */
@@ -276,6 +277,24 @@ K3_TEST(st_opens_multi_shard_dir_with_index)
     check_three_shards(dir, 0);
 }
 
+/* The Hugging Face cache layout: the snapshot holds symlinks to blobs. */
+K3_TEST(st_opens_a_snapshot_of_symlinked_shards)
+{
+    const char *root = k3t_tmpdir();
+    char blobs[4096], snap[4096];
+    snprintf(blobs, sizeof blobs, "%s/blobs", root);
+    snprintf(snap, sizeof snap, "%s/snap", root);
+    CHECK_EQ_INT(mkdir(blobs, 0755), 0);
+    CHECK_EQ_INT(mkdir(snap, 0755), 0);
+    write_three_shards(blobs);
+    write_index(blobs, NULL, NULL);
+    const char *names[] = {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                           "model-00003-of-00003.safetensors", "model.safetensors.index.json"};
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ_INT(symlink(pathf("../blobs/%s", names[i]), pathf("%s/%s", snap, names[i])), 0);
+    check_three_shards(snap, 0);
+}
+
 K3_TEST(st_opens_with_o_direct_and_reads_the_same_bytes)
 {
     const char *dir = k3t_tmpdir();
@@ -407,6 +426,28 @@ K3_TEST(st_accepts_empty_header_scalars_and_zero_size_tensors)
     k3_st_close(st);
 }
 
+K3_TEST(st_accepts_tensors_listed_out_of_data_order_and_sorts_them)
+{
+    const char *path = pathf("%s/rev.safetensors", k3t_tmpdir());
+    write_bad(path, "{\"c\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[5,8]},"
+                    "\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+                    "\"b\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[2,5]}}", 8);
+    k3_st *st;
+    k3_err e = {0};
+    CHECK_EQ_INT(k3_st_open(&st, path, 0, &e), 0);
+    CHECK_STR_EQ(k3_st_tensor_at(st, 0)->name, "a");
+    CHECK_STR_EQ(k3_st_tensor_at(st, 1)->name, "b");
+    CHECK_STR_EQ(k3_st_tensor_at(st, 2)->name, "c");
+    CHECK_EQ_U64(k3_st_find(st, "c")->offset, k3_st_shard_data_start(st, 0) + 5);
+    k3_st_close(st);
+    /* and a hole is still found when the order is scrambled */
+    write_bad(path, "{\"c\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[5,8]},"
+                    "\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+                    "\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}", 8);
+    CHECK_EQ_INT(k3_st_open(&st, path, 0, &e), K3_EFORMAT);
+    CHECK_STR_CONTAINS(e.msg, "tensor \"c\": hole in the data: bytes [4, 5) belong to no tensor");
+}
+
 K3_TEST(st_decodes_escaped_and_unicode_names)
 {
     const char *path = pathf("%s/u.safetensors", k3t_tmpdir());
@@ -418,6 +459,37 @@ K3_TEST(st_decodes_escaped_and_unicode_names)
     CHECK(k3_st_find(st, "caf\xc3\xa9.\xf0\x9f\x98\x80.\"q\"") != NULL);
     CHECK(k3_st_find(st, "na\xc3\xafve") != NULL);
     k3_st_close(st);
+}
+
+/* The string scanner looks at eight bytes at a time: put each kind of
+ * special byte at every position of a long name. */
+K3_TEST(st_names_decode_the_same_whatever_the_position_of_special_bytes)
+{
+    const char *kinds[] = {"\\\"", "\\\\", "\xc3\xa9", "\\u00e9", "\x01", "\xff", "\x7f"};
+    const char *decoded[] = {"\"", "\\", "\xc3\xa9", "\xc3\xa9", NULL, NULL, "\x7f"};
+    for (int k = 0; k < 7; k++)
+        for (int pos = 0; pos < 24; pos++) {
+            char name[64], want[64], hdr[256];
+            snprintf(name, sizeof name, "%.*s%s%.*s", pos, "abcdefghijklmnopqrstuvwxyz", kinds[k], 24 - pos,
+                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ");
+            sprintf(hdr, "{\"%s\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", name);
+            k3_st_header h;
+            k3_err e = {0};
+            int rc = k3_st_header_parse(&h, "mem", (const uint8_t *)hdr, strlen(hdr), 8 + strlen(hdr) + 4, &e);
+            if (!decoded[k]) {
+                CHECK_EQ_INT(rc, K3_EFORMAT);
+                CHECK_STR_CONTAINS(e.msg, k == 4 ? "control byte 0x01" : "not valid UTF-8: byte 0xff");
+                char at[32];
+                snprintf(at, sizeof at, "byte %d:", 8 + 2 + pos);
+                CHECK_STR_CONTAINS(e.msg, at);
+                continue;
+            }
+            CHECK_EQ_INT(rc, 0);
+            snprintf(want, sizeof want, "%.*s%s%.*s", pos, "abcdefghijklmnopqrstuvwxyz", decoded[k], 24 - pos,
+                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ");
+            CHECK_STR_EQ(h.tensors[0].name, want);
+            k3_st_header_free(&h);
+        }
 }
 
 K3_TEST(st_header_parse_works_on_memory_and_header_read_on_an_fd)

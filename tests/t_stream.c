@@ -70,16 +70,22 @@ K3_TEST_TIMEOUT(stream_gives_identical_logits_and_tokens_at_every_budget_and_thr
     free(err);
     CHECK(floor > 0 && res > floor);
     /* presets at both ends, three sizes between (the baseline RSS moves by
-     * some 100 KB between runs: the sizes keep a margin above the floor) */
-    char budgets[5][32];
+     * some 100 KB between runs: the sizes keep a margin above the floor);
+     * the floor and the double-buffered floor also with the dense MLP and
+     * the head streamed in row pieces of 8 KiB (so pieces start mid-matrix
+     * and the head's pieces serve 4-token chunks) */
+    char budgets[8][64];
     snprintf(budgets[0], 32, "floor");
     snprintf(budgets[1], 32, "double");
     snprintf(budgets[2], 32, "%llu", (unsigned long long)(floor + (res - floor) / 4 + (256 << 10)));
     snprintf(budgets[3], 32, "%llu", (unsigned long long)(floor + (res - floor) / 2 + (256 << 10)));
     snprintf(budgets[4], 32, "resident");
-    char seen[5][64];
+    snprintf(budgets[5], 48, "floor --ram-piece 8K");
+    snprintf(budgets[6], 48, "double --ram-piece 5000");
+    snprintf(budgets[7], 64, "%llu --ram-piece 8K", (unsigned long long)(floor + (res - floor) / 2 + (256 << 10)));
+    char seen[8][64];
     int distinct = 0;
-    for (int b = 0; b < 5; b++) {
+    for (int b = 0; b < 8; b++) {
         for (int t = 1; t <= 2; t++) {
             CHECK_EQ_INT(k3t_runf(&out, &err, "k3-run %s %s --threads %d --ram %s --json --logits-all %s/s.bin", pk,
                                   args, t, budgets[b], tmp),
@@ -97,9 +103,11 @@ K3_TEST_TIMEOUT(stream_gives_identical_logits_and_tokens_at_every_budget_and_thr
                 const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "stream");
                 double peak = jnum(s, "peak_rss", NULL), budget = jnum(s, "plan", "budget");
                 CHECK(peak > 0 && budget > 0 && peak <= budget);
+                if (b == 5 || b == 6)
+                    CHECK(jnum(s, "plan", "piece_ring") > 0);
                 if (t == 1) {
-                    snprintf(seen[b], 64, "%.0f/%.0f/%.0f", jnum(s, "plan", "pinned_groups"),
-                             jnum(s, "plan", "expert_slots"), jnum(s, "plan", "ring"));
+                    snprintf(seen[b], 64, "%.0f/%.0f/%.0f/%.0f", jnum(s, "plan", "pinned_groups"),
+                             jnum(s, "plan", "expert_slots"), jnum(s, "plan", "ring"), jnum(s, "plan", "piece_ring"));
                     int dup = 0;
                     for (int k = 0; k < b; k++)
                         dup |= !strcmp(seen[k], seen[b]);
@@ -113,7 +121,7 @@ K3_TEST_TIMEOUT(stream_gives_identical_logits_and_tokens_at_every_budget_and_thr
             free(err);
         }
     }
-    CHECK(distinct >= 4);   /* the budgets really exercise different layouts */
+    CHECK(distinct >= 7);   /* the budgets really exercise different layouts */
     free(ref);
 }
 
@@ -217,6 +225,60 @@ K3_TEST(stream_stops_on_an_expert_read_error_with_exit_4)
     free(err);
 }
 
+K3_TEST(stream_catches_a_flipped_trunk_byte_before_any_token)
+{
+    const char *pk = packed_tiny();
+    char *out = NULL, *err = NULL;
+    /* every streamed read of trunk-0001 at byte 4100 gets bit 0 flipped */
+    CHECK_EQ_INT(k3t_runf(&out, &err, "K3_FAULT=flip:trunk-0001:4100 k3-run %s --ids 3,1 --gen 2 --ram floor", pk), 5);
+    CHECK_STR_CONTAINS(err, "trunk-0001.k3t: unit");
+    CHECK_STR_CONTAINS(err, "has CRC32");
+    CHECK_STR_CONTAINS(err, "(trunk of layer");
+    CHECK(out == NULL || strlen(out) == 0);
+    free(out);
+    free(err);
+    /* the same byte flipped while pinned at start (resident budget) */
+    CHECK_EQ_INT(k3t_runf(&out, &err, "K3_FAULT=flip:trunk-0001:4100 k3-run %s --ids 3,1 --gen 2 --ram resident", pk),
+                 5);
+    CHECK_STR_CONTAINS(err, "has CRC32");
+    free(out);
+    free(err);
+}
+
+K3_TEST(stream_catches_a_flipped_byte_in_a_streamed_row_piece)
+{
+    const char *pk = packed_tiny();
+    k3_pk *p = NULL;
+    CHECK_EQ_INT(k3_pk_open(&p, pk, 0, NULL), 0);
+    const k3_pk_tensor *t = p ? k3_pk_tensor_find(p, "language_model.lm_head.weight") : NULL;
+    CHECK(t != NULL);
+    if (!t) {
+        k3_pk_close(p);
+        return;
+    }
+    const char *path = k3_pk_file_at(p, k3_pk_unit_at(p, t->pieces[0].unit)->file)->path;
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    /* a byte in the middle of lm_head: read as a row piece, caught when the
+     * head's unit CRC is folded, before the logits are returned */
+    unsigned long long off = t->pieces[0].offset + t->nbytes / 2 + 3;
+    char *out = NULL, *err = NULL;
+    CHECK_EQ_INT(k3t_runf(&out, &err, "K3_FAULT=flip:%s:%llu k3-run %s --ids 3,1 --gen 2 --ram floor --ram-piece 8K",
+                          base, off, pk),
+                 5);
+    CHECK_STR_CONTAINS(err, "has CRC32");
+    CHECK_STR_CONTAINS(err, "(trunk of the head)");
+    CHECK(out == NULL || strlen(out) == 0);
+    free(out);
+    free(err);
+    /* and an I/O error there */
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_FAULT=eio:%s:%llu k3-run %s --ids 3,1 --gen 2 --ram floor --ram-piece 8K",
+                          base, off, pk),
+                 4);
+    CHECK_STR_CONTAINS(err, "lm_head.weight rows from");
+    free(err);
+    k3_pk_close(p);
+}
+
 /* Sum of a view's bytes, for comparing against the resident source. */
 static uint32_t view_crc(const k3_view *v)
 {
@@ -275,6 +337,62 @@ K3_TEST(stream_one_slot_ring_never_overwrites_the_group_in_use)
     k3_ws_close(ref);
 }
 
+K3_TEST(stream_two_piece_ring_never_overwrites_the_piece_in_use)
+{
+    const char *pk = packed_tiny();
+    k3_ws *ref = NULL, *ws = NULL;
+    k3_err e = {0};
+    CHECK_EQ_INT(k3_ws_pk_open(&ref, pk, 0, &e), 0);
+    CHECK_EQ_INT(k3_ws_stream_open(&ws, pk, 1, &e), 0);
+    if (!ref || !ws)
+        return;
+    k3_stream_opts o;
+    k3_stream_opts_init(&o);
+    o.budget = K3_STREAM_FLOOR;
+    o.max_chunk = 4;
+    o.max_ctx = 16;
+    o.piece_bytes = 4096;   /* lm_head and the dense MLP in pieces of 32 rows or less */
+    k3_stream_plan p;
+    CHECK_EQ_INT(k3_ws_stream_plan(ws, &o, &p, &e), 0);
+    CHECK_EQ_INT(k3_ws_stream_start(ws, &o, &p, &e), 0);
+    CHECK(p.piece_ring > 0);
+    const uint32_t ng = ws->cfg.num_hidden_layers + 1;
+    int pieces = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t g = 0; g < ng; g++) {
+            const k3_view *rv, *v;
+            CHECK_EQ_INT(k3_ws_acquire(ref, g, &rv, &e), 0);
+            CHECK_EQ_INT(k3_ws_acquire(ws, g, &v, &e), 0);
+            for (int s = 0; s < K3_W_COUNT; s++) {
+                if (v[s].data || !v[s].src)
+                    continue;
+                /* a streamed matrix: every piece equals the resident rows, and
+                 * stays so while held (the reader fills the other slot) */
+                const uint64_t rows = v[s].shape[0], rb = k3_view_numel(&v[s]) / rows * k3_dtype_size(v[s].dtype);
+                for (uint64_t r = 0; r < rows;) {
+                    const void *d;
+                    uint64_t n = 0;
+                    CHECK_EQ_INT(k3_ws_rows_acquire(ws, g, (k3_wslot)s, r, &n, &d, &e), 0);
+                    CHECK(n > 0);
+                    if (n == 0)
+                        break;
+                    const uint8_t *want = (const uint8_t *)rv[s].data + r * rb;
+                    CHECK(memcmp(d, want, n * rb) == 0);
+                    usleep(5000);
+                    CHECK(memcmp(d, want, n * rb) == 0);
+                    k3_ws_rows_release(ws, g, (k3_wslot)s);
+                    r += n;
+                    pieces++;
+                }
+            }
+            k3_ws_release(ws, g);
+        }
+    CHECK(pieces > 4);
+    CHECK_EQ_INT(k3_ws_status(ws, &e), 0);
+    k3_ws_close(ws);
+    k3_ws_close(ref);
+}
+
 K3_TEST(stream_plan_stays_within_every_budget_and_streams_less_with_more)
 {
     k3_cfg c;
@@ -285,7 +403,7 @@ K3_TEST(stream_plan_stays_within_every_budget_and_streams_less_with_more)
     c.num_experts_per_token = 2; c.routed_expert_hidden_size = 32; c.moe_intermediate_size = 32;
     c.first_k_dense_replace = 1; c.intermediate_size = 128;
     uint64_t gb[7] = {1 << 20, 3 << 20, 2 << 20, 2 << 20, 5 << 20, 1 << 20, 4 << 20};
-    k3_stream_shape sh = {7, gb, 128, 1 << 20, 5, 8, 2};
+    k3_stream_shape sh = {7, gb, 128, 1 << 20, 5, 8, 2, NULL, 0};
     k3_stream_opts o;
     k3_stream_opts_init(&o);
     o.baseline = 8 << 20;

@@ -248,6 +248,16 @@ K3_TEST(tok_rejects_hostile_config_files_naming_file_and_line)
     expect_config_error("{\"added_tokens_decoder\": {\"300\": {\"content\": \"[X]\"}},\n\"eos_token\": \"[EOS]\"}",
                         K3_EFORMAT, "line 2", "eos_token \"[EOS]\" is not an added token");
     expect_config_error("{\"eos_token\": 7}", K3_EFORMAT, "eos_token is neither", NULL);
+    /* 1,100 specials of 1,000 bytes: over the 1 MiB total */
+    size_t cap = 1200 * 1100 + 64, o = 0;
+    char *many = malloc(cap);
+    o += (size_t)snprintf(many + o, cap - o, "{\"added_tokens_decoder\": {");
+    for (int i = 0; i < 1100; i++)
+        o += (size_t)snprintf(many + o, cap - o, "%s\"%d\": {\"content\": \"%04d%0996d\"}", i ? ", " : "", 300 + i,
+                              i, 0);
+    snprintf(many + o, cap - o, "}}");
+    expect_config_error(many, K3_ELIMIT, "more than 1048576 bytes in all", NULL);
+    free(many);
     /* nesting far deeper than any config: an error, not a stack overflow */
     size_t depth = 100000;
     char *deep = malloc(2 * depth + 1);
@@ -318,6 +328,18 @@ K3_TEST(tok_special_tokens_are_matched_only_when_asked)
     CHECK_EQ_INT(ids[1], 301);
     CHECK_EQ_INT(ids[2], 303);
     CHECK_EQ_INT(ids[3], 302);
+    free(ids);
+    /* a special cut short by the end of the text, or by a different byte */
+    encode(tok, "x<|im_end", 1, &ids, &n);
+    for (uint64_t i = 0; i < n; i++)
+        CHECK(ids[i] < 300);
+    free(ids);
+    encode(tok, "[EO[EOS]<|im_end|", 1, &ids, &n);
+    CHECK(n >= 2);
+    uint64_t found = 0;
+    for (uint64_t i = 0; i < n; i++)
+        found += ids[i] >= 300;
+    CHECK_EQ_U64(found, 1);
     free(ids);
     encode(tok, text, 0, &ids, &n);
     for (uint64_t i = 0; i < n; i++)

@@ -47,7 +47,10 @@ static void run_matrix(const fault *f, size_t n, const char *extra_args)
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/bad", k3t_tmpdir());
     for (size_t i = 0; i < n; i++) {
-        CHECK_EQ_INT(k3t_runf(NULL, NULL, "rm -rf %s && cp -r %s %s", dir, fixture, dir), 0);
+        char *cperr = NULL;
+        if (k3t_runf(NULL, &cperr, "rm -rf %s && cp -r %s %s", dir, fixture, dir) != 0)
+            k3t_fail(__FILE__, __LINE__, "%s: could not copy the fixture: %s", f[i].what, cperr ? cperr : "");
+        free(cperr);
         char cmd[8192];
         snprintf(cmd, sizeof cmd, f[i].cmd, dir, other);
         char *err = NULL;

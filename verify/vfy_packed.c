@@ -267,7 +267,8 @@ static void full_hash(k3_vfy *v, pstate *s)
         k3_vfy_problem(v, NULL, "not checked: out of memory");
     } else {
         for (uint32_t i = 0; i < nj; i++)
-            qsort(jobs[i].regions, jobs[i].nregions, sizeof *jobs[i].regions, region_cmp);
+            if (jobs[i].nregions)
+                qsort(jobs[i].regions, jobs[i].nregions, sizeof *jobs[i].regions, region_cmp);
         k3_vfy_hash_jobs(v, jobs, nj);
     }
     for (uint32_t i = 0; i < nj; i++)

@@ -83,7 +83,8 @@ static void miss_add(miss *m, const char *name)
     m->n++;
 }
 
-static void check_index(k3_vfy *v, shard *sh, uint32_t ns, const tref *all, uint64_t nall, int *index_present)
+static void check_index(k3_vfy *v, shard *sh, uint32_t ns, const tref *all, uint64_t nall, uint8_t *indexed,
+                        int *index_present)
 {
     char path[4400];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", v->dir);
@@ -128,6 +129,8 @@ static void check_index(k3_vfy *v, shard *sh, uint32_t ns, const tref *all, uint
         if (!sh[s].header_ok)
             continue;
         const tref *r = tfind(all, nall, it->string);
+        if (r)
+            indexed[r - all] = 1;
         if (!r)
             miss_add(&absent, it->string);
         else if (r->shard != s) {
@@ -147,17 +150,15 @@ static void check_index(k3_vfy *v, shard *sh, uint32_t ns, const tref *all, uint
         k3_vfy_problem(v, iname, "%" PRIu64 " tensors are in another shard than the index says: %s%s", wrong.n,
                        wrong.text, wrong.n > MAX_LIST ? ", ..." : "");
     /* every tensor of a good shard must be in the index */
-    for (uint32_t s = 0; s < ns; s++) {
-        if (!sh[s].header_ok)
-            continue;
-        miss extra = {0};
-        for (uint64_t i = 0; i < sh[s].h.count; i++)
-            if (!cJSON_GetObjectItemCaseSensitive(wm, sh[s].h.tensors[i].name))
-                miss_add(&extra, sh[s].h.tensors[i].name);
-        if (extra.n)
+    miss *extra = calloc(ns ? ns : 1, sizeof *extra);
+    for (uint64_t i = 0; extra && i < nall; i++)
+        if (!indexed[i] && !(i > 0 && !strcmp(all[i].name, all[i - 1].name)))
+            miss_add(&extra[all[i].shard], all[i].name);
+    for (uint32_t s = 0; extra && s < ns; s++)
+        if (extra[s].n)
             k3_vfy_problem(v, sh[s].name, "%" PRIu64 " tensors are not in the index (a shard of another checkpoint?): "
-                           "%s%s", extra.n, extra.text, extra.n > MAX_LIST ? ", ..." : "");
-    }
+                           "%s%s", extra[s].n, extra[s].text, extra[s].n > MAX_LIST ? ", ..." : "");
+    free(extra);
     cJSON_Delete(root);
 }
 
@@ -330,7 +331,14 @@ int k3_vfy_upstream(k3_vfy *v, k3_err *e)
     free(dup_of);
 
     int index_present = 0;
-    check_index(v, sh, ns, all, nall, &index_present);
+    uint8_t *indexed = calloc(nall ? nall : 1, 1);
+    if (!indexed) {
+        free(all);
+        rc = k3_err_set(e, K3_ENOMEM, "out of memory");
+        goto out;
+    }
+    check_index(v, sh, ns, all, nall, indexed, &index_present);
+    free(indexed);
     for (uint32_t s = 0; index_present && s < ns; s++)
         if (!sh[s].in_index)
             k3_vfy_problem(v, sh[s].name, "unexpected extra file: a shard the index does not name");
