@@ -1,8 +1,10 @@
 #!/bin/sh
 # bench_pack.sh - k3-pack at K3 width: repack time and bytes written for a
 # trunk-only change (experts linked), against an O_DIRECT write probe and
-# an O_DIRECT read probe of the same disk taken in the same run; and k3-run
-# s/token on the source layout and on the repacked one at the same budgets.
+# an O_DIRECT read probe of the same disk taken in the same run; the floors
+# k3-pack reports for the presets; a repack with a pinned prefix for an
+# 8 GiB budget; k3-run s/token on both layouts at the same budgets, with
+# their logits compared.
 #
 # Usage: bench/bench_pack.sh [WORKDIR] [LAYERS] [TOKENS]
 #   WORKDIR  default /tmp/pack/bench (deleted at the end unless KEEP=1)
@@ -11,17 +13,19 @@
 #
 # The synthetic checkpoint is --sparse (only routers, norms, biases and
 # embeddings carry data) so that it fits a shared disk: the expert files are
-# holes, which makes no difference to linking them, and the repack writes
-# its trunk with --dense so every trunk byte really goes to the disk. The
-# source trunk is converted sparse: reads of its holes do not touch the disk,
-# so "before" k3-run figures are measured on a dense copy (k3-pack --ram
-# floor --dense, the convert layout re-laid as whole-layer units).
+# holes, which makes no difference to linking them, and the repacks write
+# their trunk with --dense so every trunk byte really goes to the disk (the
+# source trunk, converted sparse, is mostly holes: its reads cost no disk
+# time). k3-run figures are taken on the dense layouts A and B; their expert
+# records are holes, so expert reads are cheaper than on a real model, and
+# the synthetic weights are mostly zero (the tokens say nothing).
 set -eu
 BIN=${BIN:-$(cd "$(dirname "$0")/.." && pwd)/bin}
 W=${1:-/tmp/pack/bench}
 LAYERS=${2:-2}
 TOKENS=${3:-3}
 IDS=${IDS:-1,2,3,4}
+PINRAM=${PINRAM:-8G}
 mkdir -p "$W"
 cd "$W"
 log() { printf '%s\n' "$*"; }
@@ -81,34 +85,38 @@ for f in src/experts-*.k3e; do
 done
 echo "  load average during the run: $(cut -d' ' -f1-3 /proc/loadavg) (2 cores)"
 
-# --- the same trunk for a smaller floor: 64 MiB units (row ranges), nothing pinned
-"$BIN/k3-pack" --plan --ram floor src | grep -E 'units|floor' | sed 's/^/  whole layers: /'
-"$BIN/k3-pack" --plan --ram floor --unit-mb 64 src | grep -E 'units|floor' | sed 's/^/  64 MiB units: /'
-/usr/bin/time -f '%e %M' -o time.txt "$BIN/k3-pack" --quiet --dense --json --ram floor --unit-mb 64 A B >packB.json
-read -r secs rss <time.txt
-printf 'repack A -> B (64 MiB units): %.2f s, %s bytes written\n' "$secs" \
-    "$(sed 's/.*"bytes_written": \([0-9]*\).*/\1/' packB.json)"
+# --- floors k3-pack reports for the presets (k3-run's own planner on the layout)
+for r in floor laptop workstation server; do
+    "$BIN/k3-pack" --plan --ram "$r" A | grep -E 'budget|pinned prefix|floor  k3-run|below' | sed "s/^/  --ram $r: /"
+done
 
-# --- k3-run s/token on A (whole layers) at its floor and double, and on B
-for budget in floor double; do
+# --- a pinned prefix for an 8 GiB budget: B = A re-laid with the pinned groups first
+rm -rf B
+/usr/bin/time -f '%e %M %U %S' -o time.txt "$BIN/k3-pack" --quiet --dense --json --ram "$PINRAM" A B >packB.json
+read -r secs rss usr sys <time.txt
+printf 'repack A -> B (--ram %s, pinned prefix): %.2f s, %s bytes written, CPU %s s user + %s s sys\n' "$PINRAM" "$secs" \
+    "$(sed 's/.*"bytes_written": \([0-9]*\).*/\1/' packB.json)" "$usr" "$sys"
+
+# --- k3-run s/token on A and B at the same budgets, logits compared
+for budget in floor "$PINRAM"; do
     for m in A B; do
-        if "$BIN/k3-run" "$m" --ram "$budget" --ids "$IDS" --gen "$TOKENS" --json >run.json 2>run.err; then
+        if "$BIN/k3-run" "$m" --ram "$budget" --ids "$IDS" --gen "$TOKENS" --json --logits-all "$m.$budget.logits" \
+            >run.json 2>run.err; then
             python3 - "$m" "$budget" <<'EOF'
 import json, sys
 r = json.load(open("run.json"))
 s = r["stream"]
 d = s["decode"]
-print("k3-run %s --ram %s: budget %d, decode %.3f s/token, trunk %.0f MB/token, experts %.0f MB/token, io wait %.0f%%, peak RSS %d" % (
-    sys.argv[1], sys.argv[2], s["plan"]["budget"], d["s_per_token"], d["trunk_bytes_per_token"] / 1e6,
-    d["expert_bytes_per_token"] / 1e6, 100 * d["io_wait_share"], s["peak_rss"]))
+print("k3-run %s --ram %s: budget %d, pinned groups %d, load %.2f s, decode %.3f s/token, trunk %.0f MB/token, experts %.0f MB/token, io wait %.0f%%, peak RSS %d" % (
+    sys.argv[1], sys.argv[2], s["plan"]["budget"], s["plan"]["pinned_groups"], s.get("load_s", -1), d["s_per_token"],
+    d["trunk_bytes_per_token"] / 1e6, d["expert_bytes_per_token"] / 1e6, 100 * d["io_wait_share"], s["peak_rss"]))
 EOF
         else
             printf 'k3-run %s --ram %s: refused: %s\n' "$m" "$budget" "$(tail -1 run.err)"
         fi
     done
+    if cmp -s "A.$budget.logits" "B.$budget.logits"; then echo "  logits A = B at --ram $budget: byte-identical"; else echo "  logits A, B at --ram $budget: DIFFER"; fi
 done
-"$BIN/k3-run" B --ids "$IDS" --gen "$TOKENS" --json >runB.json 2>/dev/null &&
-    python3 -c "import json; r=json.load(open('runB.json')); t=r['timings']; print('k3-run B (resident source, no --ram): decode %.3f s/token' % (t['decode_s']/max(1,len(r['generated_ids'])-1)))"
 
 if [ "${KEEP:-0}" != 1 ]; then
     cd /

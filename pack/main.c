@@ -14,6 +14,7 @@
 
 #include "k3_err.h"
 #include "k3_io.h"
+#include "k3_stream.h"
 #include "pack.h"
 
 static void usage(FILE *f)
@@ -34,9 +35,12 @@ static void usage(FILE *f)
             "                      laptop (8G), workstation (64G), server (512G), floor,\n"
             "                      double, resident (default: double)\n"
             "  --plan              print what would be done and the floors; write nothing\n"
-            "  --unit-mb N         units of at most N MiB (0: one unit per layer); default:\n"
-            "                      whole layers if they can be double-buffered in SIZE,\n"
-            "                      else half of what SIZE leaves after the fixed costs\n"
+            "  --unit-mb N         units of at most N MiB instead of one per layer; a\n"
+            "                      tensor larger than that gets a unit of its own\n"
+            "  --split-rows        with --unit-mb: split larger tensors by row ranges\n"
+            "                      (k3-run without --ram runs such layouts; k3-run --ram\n"
+            "                      streams row pieces itself and refuses them)\n"
+            "  --ram-piece SIZE    k3-run's --ram-piece the floor is computed for (128M)\n"
             "  --pin LIST          pinned trunk groups: auto (k3-run's plan at SIZE), none,\n"
             "                      all, or a list like 0-3,7,head\n"
             "  --expert-order TRACE  order each MoE layer's records by use in TRACE (from\n"
@@ -114,6 +118,17 @@ int main(int argc, char **argv)
                 return die(K3_EARG, "--unit-bytes needs a multiple of 4096");
             o.unit_bytes = n;
             o.unit_explicit = 1;
+            i++;
+        } else if (!strcmp(a, "--split-rows")) {
+            o.split_rows = 1;
+        } else if (!strcmp(a, "--ram-piece")) {
+            if (!v)
+                return die(K3_EARG, "--ram-piece needs a size or 0");
+            if (!strcmp(v, "0"))
+                o.piece_bytes = 0;
+            else if (k3_stream_parse_budget(v, &o.piece_bytes, &e) < 0 || o.piece_bytes <= K3_STREAM_DOUBLE ||
+                     o.piece_bytes == K3_STREAM_RESIDENT)
+                return die(K3_EARG, "--ram-piece needs a size (bytes, K/M/G) or 0");
             i++;
         } else if (!strcmp(a, "--pin")) {
             if (!v)
@@ -200,6 +215,14 @@ int main(int argc, char **argv)
     if (plan_only || (!json && !o.quiet))
         k3_pack_plan_print(&p, json ? stderr : plan_only ? stdout : stderr, "k3-pack: ");
     k3_pack_stats s = {0};
+    if (!plan_only && !p.sp_ok && !p.stream_refused) {
+        rc = k3_err_set(&e, K3_EBUDGET,
+                        "RAM budget %llu bytes is below k3-run's floor on this layout: %llu bytes (%.2f GiB)",
+                        (unsigned long long)o.budget, (unsigned long long)p.sp_floor.floor,
+                        p.sp_floor.floor / 1073741824.0);
+        k3_pack_plan_free(&p);
+        goto fail;
+    }
     if (!plan_only) {
         rc = k3_pack_run(&p, &o, &s, &e);
         if (rc) {
@@ -210,14 +233,13 @@ int main(int argc, char **argv)
     if (json) {
         printf("{\"src\": \"%s\", \"dst\": \"%s\", \"plan_only\": %s, \"budget\": %" PRIu64 ", \"unit_bytes\": %" PRIu64
                ", \"units\": %u, \"split_tensors\": %u, \"pinned_bytes\": %" PRIu64 ", \"floor\": %" PRIu64
-               ", \"floor_double\": %" PRIu64 ", \"resident\": %" PRIu64 ", \"unit_floor\": %" PRIu64
-               ", \"reachable_floor\": %" PRIu64 ", \"budget_runs\": %s, \"trunk_bytes\": %" PRIu64
+               ", \"floor_double\": %" PRIu64 ", \"resident\": %" PRIu64 ", \"budget_runs\": %s, \"trunk_bytes\": %" PRIu64
                ", \"bytes_written\": %" PRIu64 ", \"bytes_linked\": %" PRIu64 ", \"bytes_copied\": %" PRIu64
                ", \"files_linked\": %u, \"files_reflinked\": %u, \"files_copied\": %u, \"files_resumed\": %u"
                ", \"seconds\": %.3f}\n",
                p.src, plan_only ? "" : pos[1], plan_only ? "true" : "false", p.sp.budget, p.unit_bytes,
                p.man.nunits, p.split_tensors, p.pinned_bytes, p.sp_floor.floor, p.sp_floor.floor_double,
-               p.sp_floor.resident, p.unit_floor, p.reach_floor, p.sp_ok ? "true" : "false", p.trunk_bytes,
+               p.sp_floor.resident, p.sp_ok ? "true" : "false", p.trunk_bytes,
                s.bytes_written, s.bytes_linked, s.bytes_copied, s.files_linked, s.files_reflinked, s.files_copied,
                s.files_resumed, s.seconds);
     } else if (!plan_only && !o.quiet) {

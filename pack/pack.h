@@ -4,16 +4,18 @@
  * upstream shards.
  *
  * A repack is planned completely before a byte is written (pack_plan.c):
- *   - trunk: every layer's tensors (source order kept) are packed into units
- *     of at most unit_bytes (0: one unit per layer); a matrix larger than that
- *     is split by row ranges, each piece but the last filling its unit exactly
- *     from offset 0, so the pieces of a tensor are contiguous once a layer's
- *     units are read back to back. The embedding is never split (it is read
- *     row by row). Units of pinned groups come first in the new trunk file, in
- *     group order, so the pinned set is one sequential read;
+ *   - trunk: every layer's tensors (source order kept) go into one unit, or
+ *     into units of at most unit_bytes (--unit-mb); with split_rows a matrix
+ *     larger than that is split by row ranges, each piece but the last
+ *     filling its unit exactly from offset 0, so the pieces of a tensor are
+ *     contiguous once a layer's units are read back to back. The embedding
+ *     is never split (it is read row by row). Tensors of 64 KiB or more start
+ *     page-aligned. Units of pinned groups come first in the new trunk file,
+ *     in group order, so the pinned set is one sequential read;
  *   - the pinned set and the floor come from the streaming runtime's own
- *     planner (k3_stream_plan_make) run on the new layout, so k3-pack and
- *     k3-run --ram agree for the same session parameters;
+ *     code (k3_ws_stream_open + k3_ws_stream_plan) run on a sparse stand-in
+ *     of the planned model, so k3-pack and k3-run --ram agree for the same
+ *     session parameters;
  *   - experts: the source expert files are linked (hard link, else reflink,
  *     else copied) unless an expert order from a k3-run trace moves records,
  *     in which case each MoE layer's records are rewritten in that order;
@@ -37,9 +39,9 @@
 #include "k3_pk.h"
 #include "k3_stream.h"
 
-#define K3_PACK_MIN_UNIT      (64u << 10)       /* smallest unit size chosen from a budget */
 #define K3_PACK_BASELINE      (16ull << 20)     /* k3-run's RSS assumed at plan time */
 #define K3_PACK_COPY_CHUNK    (16u << 20)       /* trunk copy / expert copy buffer */
+#define K3_PACK_PAGE_ALIGN_MIN (64u << 10)      /* tensors this big start 4096-aligned in their unit */
 #define K3_PACK_HOT_SHARE     0.8               /* hot set: experts covering this share of requests */
 #define K3_PACK_TMP_SUFFIX    ".k3-pack-tmp"
 #define K3_PACK_OLD_SUFFIX    ".k3-pack-old"
@@ -60,6 +62,8 @@ typedef struct k3_pack_opts {
     char budget_arg[64];        /* as given, for the plan record */
     uint64_t unit_bytes;        /* with unit_explicit: 0 = one unit per layer */
     int unit_explicit;
+    int split_rows;             /* cut tensors larger than unit_bytes by rows */
+    uint64_t piece_bytes;       /* k3-run --ram-piece assumed (default: k3-run's, 128 MiB) */
     int pin_mode;               /* K3_PACK_PIN_* */
     uint8_t pin[K3_CFG_MAX_LAYERS + 1];   /* K3_PACK_PIN_LIST: per stream group (head last) */
     const char *trace_path;     /* --expert-order */
@@ -116,9 +120,9 @@ typedef struct k3_pack_plan {
     uint64_t largest_unit;
     k3_stream_plan sp;          /* k3-run's plan on the new layout at the budget */
     int sp_ok;                  /* 0: the budget is below k3-run's floor on this layout */
+    int stream_refused;         /* row-split tensors: k3-run --ram does not run this layout */
     k3_stream_plan sp_floor;    /* the same at the floor */
-    uint64_t unit_floor;        /* floor if units (not layers) were streamed */
-    uint64_t reach_floor;       /* unit floor with the smallest units (K3_PACK_MIN_UNIT) */
+    uint64_t piece_bytes;       /* k3-run --ram-piece the plan assumes */
     uint8_t pinned[K3_CFG_MAX_LAYERS + 1];
     uint64_t pinned_bytes;
     /* experts */

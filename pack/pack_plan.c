@@ -19,11 +19,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "k3_io.h"
+#include "k3_ws.h"
 #include "pack.h"
 
 #define GIB (1ull << 30)
@@ -44,6 +47,7 @@ void k3_pack_opts_init(k3_pack_opts *o)
     o->max_chunk = 64;
     o->nthreads = 1;
     o->baseline = K3_PACK_BASELINE;
+    o->piece_bytes = 128ull << 20;
 }
 
 int k3_pack_parse_budget(const char *s, uint64_t *out, k3_err *e)
@@ -216,8 +220,11 @@ static int by_src_pos(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-/* Lay out every group with units of at most U bytes (0: one per group). */
-static int make_layout(const k3_man *m, const uint32_t *torder, uint64_t U, layout *l, k3_err *e)
+/* Lay out every group with units of at most U bytes (0: one per group);
+ * with split_rows, tensors larger than U are cut by rows, else they get a
+ * unit of their own. */
+static int make_layout(const k3_man *m, const uint32_t *torder, uint64_t U, int split_rows, layout *l,
+                       k3_err *e)
 {
     memset(l, 0, sizeof *l);
     const uint32_t nl = m->cfg.num_hidden_layers;
@@ -230,14 +237,16 @@ static int make_layout(const k3_man *m, const uint32_t *torder, uint64_t U, layo
             const uint64_t nb = x->nbytes, rows = x->shape[0], rb = rows ? nb / rows : nb;
             const int whole = U == 0 || g == nl + 1;
             lunit *cu = open ? &l->units[l->nunits - 1] : NULL;
-            if (whole || nb <= U || x->ndim < 2 || rows < 2) {
-                if (!cu || (!whole && up(cu->fill, K3_PK_SECTION_ALIGN) + nb > U && cu->fill > 0)) {
+            if (whole || nb <= U || x->ndim < 2 || rows < 2 || !split_rows) {
+                if (!cu || (!whole && up(cu->fill, K3_PK_ALIGN) + nb > U && cu->fill > 0)) {
                     if (new_unit(l, g))
                         goto oom;
                     open = 1;
                     cu = &l->units[l->nunits - 1];
                 }
-                uint64_t off = up(cu->fill, K3_PK_SECTION_ALIGN);
+                /* large tensors start on a page: their bytes are then written
+                 * (and can be read) with O_DIRECT; at most 4 KiB of padding each */
+                uint64_t off = up(cu->fill, nb >= K3_PACK_PAGE_ALIGN_MIN ? K3_PK_ALIGN : K3_PK_SECTION_ALIGN);
                 if (add_piece(l, (lpiece){ti, 0, rows ? rows : 1, l->nunits - 1, off, nb}))
                     goto oom;
                 cu->fill = off + nb;
@@ -274,45 +283,6 @@ static int make_layout(const k3_man *m, const uint32_t *torder, uint64_t U, layo
 oom:
     layout_free(l);
     return k3_err_set(e, K3_ENOMEM, "out of memory planning the layout");
-}
-
-/* k3-run's plan for this layout: the stream groups are the layers and the
- * head, each as big as the sum of its units (at least 4096), exactly as
- * k3_ws_stream_open measures them. */
-static int stream_plan(const k3_pack_plan *p, const layout *l, const k3_pack_opts *o, uint64_t budget,
-                       k3_stream_plan *sp, k3_err *e)
-{
-    const k3_cfg *c = &p->cfg;
-    const uint32_t ng = c->num_hidden_layers + 1;
-    uint64_t gb[K3_CFG_MAX_LAYERS + 1];
-    for (uint32_t g = 0; g < ng; g++)
-        gb[g] = l->group_bytes[g] < K3_PK_ALIGN ? K3_PK_ALIGN : l->group_bytes[g];
-    const k3_pk_tensor *emb = k3_pk_tensor_find(p->pk, K3_MAN_PREFIX "embed_tokens.weight");
-    const k3_pk_expert_layout *xl = k3_pk_experts(p->pk);
-    uint32_t nmoe = k3_man_moe_layers(c);
-    k3_stream_shape sh = {ng, gb, (uint64_t)c->hidden_size * (emb ? k3_dtype_size(emb->dtype) : 2),
-                          xl ? xl->stride : 0, nmoe, c->num_experts, c->num_experts_per_token};
-    k3_stream_opts so;
-    k3_stream_opts_init(&so);
-    so.budget = budget;
-    so.max_chunk = o->max_chunk;
-    so.max_ctx = o->max_ctx;
-    so.nthreads = o->nthreads;
-    so.baseline = o->baseline ? o->baseline : 1;   /* 0 would mean "measure now" to the runtime */
-    return k3_stream_plan_make(&sh, c, &so, sp, e);
-}
-
-/* Fixed part of every floor (model memory, I/O buffers, runtime, minimum
- * expert slots): the floor minus the ring of the largest group. */
-static uint64_t floor_fixed(const k3_stream_plan *sp, const layout *l, uint32_t ngroups)
-{
-    uint64_t maxg = 0;
-    for (uint32_t g = 0; g < ngroups; g++) {
-        uint64_t b = l->group_bytes[g] < K3_PK_ALIGN ? K3_PK_ALIGN : l->group_bytes[g];
-        if (b > maxg)
-            maxg = b;
-    }
-    return sp->floor - k3_stream_arena_bytes(maxg);
 }
 
 /* ------------------------------------------------------------- experts */
@@ -366,7 +336,7 @@ static char *plan_record(const k3_pack_plan *p, const k3_pack_opts *o)
     cJSON_AddStringToObject(r, "tool", "k3-pack");
     cJSON_AddNumberToObject(r, "version", 1);
     cJSON_AddStringToObject(r, "ram_arg", o->budget_arg);
-    cJSON_AddNumberToObject(r, "ram", (double)p->sp.budget);
+    cJSON_AddNumberToObject(r, "ram", (double)(p->sp_ok ? p->sp.budget : 0));
     cJSON_AddStringToObject(r, "units", p->unit_bytes ? "row-range" : "layer");
     cJSON_AddNumberToObject(r, "unit_bytes", (double)p->unit_bytes);
     cJSON_AddNumberToObject(r, "largest_unit", (double)p->largest_unit);
@@ -378,6 +348,7 @@ static char *plan_record(const k3_pack_plan *p, const k3_pack_opts *o)
     cJSON_AddNumberToObject(r, "pinned_bytes", (double)p->pinned_bytes);
     cJSON *k = cJSON_AddObjectToObject(r, "k3_run");
     cJSON_AddNumberToObject(k, "ram", (double)(p->sp_ok ? p->sp.budget : p->sp_floor.floor));
+    cJSON_AddBoolToObject(k, "streams", !p->stream_refused);
     cJSON_AddNumberToObject(k, "floor", (double)p->sp_floor.floor);
     cJSON_AddNumberToObject(k, "floor_double", (double)p->sp_floor.floor_double);
     cJSON_AddNumberToObject(k, "resident", (double)p->sp_floor.resident);
@@ -385,8 +356,8 @@ static char *plan_record(const k3_pack_plan *p, const k3_pack_opts *o)
     cJSON_AddNumberToObject(k, "max_ctx", o->max_ctx);
     cJSON_AddNumberToObject(k, "max_chunk", o->max_chunk);
     cJSON_AddNumberToObject(k, "threads", o->nthreads);
-    cJSON_AddNumberToObject(r, "unit_floor", (double)p->unit_floor);
-    cJSON_AddNumberToObject(r, "reachable_floor", (double)p->reach_floor);
+    cJSON_AddNumberToObject(k, "ram_piece", (double)o->piece_bytes);
+    cJSON_AddNumberToObject(k, "piece_max", (double)p->sp_floor.piece_max);
     cJSON *s = cJSON_AddObjectToObject(r, "source");
     char hex[65];
     k3_man_hex(p->src_manifest_sha, hex);
@@ -417,163 +388,32 @@ static char *plan_record(const k3_pack_plan *p, const k3_pack_opts *o)
     return txt;
 }
 
-void k3_pack_plan_free(k3_pack_plan *p)
+/* Build the new manifest (hashes of unwritten files as placeholders), the
+ * output list and the copy order for layout lay and p->pinned. */
+static int assemble(k3_pack_plan *p, const layout *lay_, const k3_pack_opts *o, k3_err *e)
 {
-    if (!p)
-        return;
-    free(p->src);
-    free(p->dst);
-    k3_pk_close(p->pk);
-    k3_man_free(&p->src_man);
-    k3_man_free(&p->man);
-    free(p->unit_group);
-    free(p->outs);
-    free(p->copies);
-    free(p->order);
-    free(p->hot_n);
-    free(p->counts);
-    free(p->records);
-    memset(p, 0, sizeof *p);
-}
-
-int k3_pack_plan_build(k3_pack_plan *p, const char *src, const char *dst, const k3_pack_opts *o, k3_err *e)
-{
-    memset(p, 0, sizeof *p);
-    int rc, fail = 0;
-    char *txt = NULL;
-    uint32_t *tord = NULL, *place = NULL, *newidx = NULL;
-    uint64_t *uoff = NULL;
-    layout lay = {0};
-    p->src = realpath(src, NULL);
-    if (!p->src)
-        return k3_err_sys(e, K3_ENOENT, errno, "%s: cannot resolve the source directory", src);
-    if (dst && !(p->dst = strdup(dst)))
-        return k3_err_set(e, K3_ENOMEM, "out of memory");
-
-    /* the source: manifest text (hashed for provenance), parsed, and opened */
-    char mpath[4200];
-    uint64_t mlen;
-    if ((rc = k3_io_path_join(mpath, sizeof mpath, p->src, "manifest.json", e)))
-        return rc;
-    struct stat mst;
-    if (stat(mpath, &mst) != 0)
-        return k3_err_set(e, K3_ENOENT, "%s: incomplete packed model: no manifest.json", src);
-    rc = k3_io_read_file(mpath, K3_MAN_MAX_BYTES, &txt, &mlen, e);
-    if (rc)
-        return rc;
-    unsigned int hl = 0;
-    EVP_Digest(txt, (size_t)mlen, p->src_manifest_sha, &hl, EVP_sha256(), NULL);
-    rc = k3_man_parse(&p->src_man, txt, mlen, mpath, e);
-    free(txt);
-    txt = NULL;
-    if (rc)
-        return rc;
-    if ((rc = k3_pk_open(&p->pk, p->src, K3_PK_DIRECT, e)))
-        return rc;
-    p->cfg = p->src_man.cfg;
+    const layout lay = *lay_;
     const k3_man *sm = &p->src_man;
     const k3_cfg *c = &p->cfg;
     const uint32_t nl = c->num_hidden_layers, ng = nl + 1, NE = c->num_experts;
     const uint32_t nmoe = k3_man_moe_layers(c);
     const k3_pk_expert_layout *xl = k3_pk_experts(p->pk);
-
-    /* tensors in group order, source order within a group */
-    tord = malloc((sm->ntensors ? sm->ntensors : 1) * sizeof *tord);
-    if (!tord)
-        goto oom;
-    for (uint32_t t = 0; t < sm->ntensors; t++)
-        tord[t] = t;
-    g_sort_man = sm;
-    qsort(tord, sm->ntensors, sizeof *tord, by_src_pos);
-    {   /* stable bucket by group, keeping source order inside */
-        uint32_t *tmp = malloc((sm->ntensors ? sm->ntensors : 1) * sizeof *tmp), k = 0;
-        if (!tmp)
-            goto oom;
-        for (uint32_t g = 0; g < nl + 2; g++)
-            for (uint32_t t = 0; t < sm->ntensors; t++)
-                if (tensor_group(sm, tord[t]) == g)
-                    tmp[k++] = tord[t];
-        free(tord);
-        tord = tmp;
-    }
-    for (uint32_t t = 0; t < sm->ntensors; t++)
-        if (sm->tensors[t].nbytes == 0 || sm->tensors[t].shape[0] == 0)
-            return k3_err_set(e, K3_EFORMAT, "%s: tensor %s is empty", src, sm->tensors[t].name);
-
-    /* the unit size: explicit, or from the budget */
-    uint64_t U = 0, budget = o->budget;
-    if ((rc = make_layout(sm, tord, 0, &lay, e)))
-        goto out;
-    k3_stream_plan whole;
-    if ((rc = stream_plan(p, &lay, o, K3_STREAM_RESIDENT, &whole, e)))
-        goto out;
-    const uint64_t fixed = floor_fixed(&whole, &lay, ng);
-    if (budget == K3_STREAM_FLOOR)
-        budget = whole.floor;
-    else if (budget == K3_STREAM_DOUBLE)
-        budget = whole.floor_double;
-    else if (budget == K3_STREAM_RESIDENT)
-        budget = whole.resident;
-    if (o->unit_explicit) {
-        U = o->unit_bytes;
-    } else if (budget < whole.floor) {
-        /* whole layers do not fit: units half of what is left (a unit-by-unit
-         * streaming runtime could double-buffer them) */
-        U = budget > fixed ? (budget - fixed) / 2 / K3_PACK_MIN_UNIT * K3_PACK_MIN_UNIT : 0;
-        if (U < K3_PACK_MIN_UNIT)
-            U = K3_PACK_MIN_UNIT;
-    }
-    {   /* the floor reachable with the smallest units */
-        layout small;
-        if ((rc = make_layout(sm, tord, K3_PACK_MIN_UNIT, &small, e)))
-            goto out;
-        p->reach_floor = fixed + k3_stream_arena_bytes(small.largest_unit);
-        layout_free(&small);
-    }
-    if (budget < p->reach_floor) {
-        rc = k3_err_set(e, K3_EBUDGET,
-                        "RAM budget %llu bytes (%.2f GiB) is below the floor any layout of this model can reach: "
-                        "%llu bytes (%.2f GiB) with %u KiB units",
-                        (unsigned long long)budget, budget / (double)GIB, (unsigned long long)p->reach_floor,
-                        p->reach_floor / (double)GIB, K3_PACK_MIN_UNIT >> 10);
-        goto out;
-    }
-    if (U) {
-        layout_free(&lay);
-        if ((rc = make_layout(sm, tord, U, &lay, e)))
-            goto out;
-    }
-    p->unit_bytes = U;
-    p->split_tensors = lay.split;
-    p->largest_unit = lay.largest_unit;
-    p->unit_floor = fixed + k3_stream_arena_bytes(lay.largest_unit);
-
-    /* k3-run's plan on this layout */
-    if ((rc = stream_plan(p, &lay, o, K3_STREAM_FLOOR, &p->sp_floor, e)))
-        goto out;
-    k3_err pe = {0};
-    p->sp_ok = stream_plan(p, &lay, o, budget, &p->sp, &pe) == 0;
-    if (!p->sp_ok) {
-        memset(&p->sp, 0, sizeof p->sp);
-        p->sp.budget = budget;
-    }
-    switch (o->pin_mode) {
-    case K3_PACK_PIN_NONE:
-        break;
-    case K3_PACK_PIN_ALL:
-        memset(p->pinned, 1, ng);
-        break;
-    case K3_PACK_PIN_LIST:
-        memcpy(p->pinned, o->pin, ng);
-        break;
-    default:
-        if (p->sp_ok)
-            memcpy(p->pinned, p->sp.pinned, ng);
-    }
-    for (uint32_t g = 0; g < ng; g++)
-        if (p->pinned[g])
-            p->pinned_bytes += lay.group_bytes[g];
-
+    k3_man *m = &p->man;
+    uint32_t *place = NULL, *newidx = NULL;
+    uint64_t *uoff = NULL;
+    unsigned int hl = 0;
+    int rc = 0, fail = 0;
+    k3_man_free(m);
+    free(p->outs);
+    free(p->copies);
+    free(p->unit_group);
+    free(p->records);
+    p->outs = NULL;
+    p->copies = NULL;
+    p->unit_group = NULL;
+    p->records = NULL;
+    p->nouts = p->ncopies = 0;
+    p->expert_bytes_linked = p->expert_bytes_copied = 0;
     /* placement: pinned groups first (group order), then the embedding, then the rest */
     place = malloc((lay.nunits ? lay.nunits : 1) * sizeof *place);
     newidx = malloc((lay.nunits ? lay.nunits : 1) * sizeof *newidx);
@@ -597,7 +437,6 @@ int k3_pack_plan_build(k3_pack_plan *p, const char *src, const char *dst, const 
     p->trunk_bytes = at;
 
     /* the new manifest */
-    k3_man *m = &p->man;
     m->schema_version = K3_PK_SCHEMA_VERSION;
     m->producer = xstrdup("k3-pack 1", &fail);
     m->cfg = sm->cfg;
@@ -632,7 +471,7 @@ int k3_pack_plan_build(k3_pack_plan *p, const char *src, const char *dst, const 
     uint32_t *src_to_new = calloc(sm->nfiles + 1, sizeof *src_to_new);
     if (!src_to_new)
         goto oom;
-    if (xl && o->trace_path) {
+    if (xl && o->trace_path && !p->counts) {
         p->counts = calloc((uint64_t)nmoe * NE, sizeof *p->counts);
         p->order = malloc((uint64_t)nmoe * NE * sizeof *p->order);
         p->hot_n = calloc(nmoe, sizeof *p->hot_n);
@@ -664,6 +503,8 @@ int k3_pack_plan_build(k3_pack_plan *p, const char *src, const char *dst, const 
         }
         p->reorder = 1;
     }
+    if (p->counts)
+        p->reorder = 1;
     if (xl) {
         p->records = calloc((uint64_t)nmoe * NE, sizeof *p->records);
         if (!p->records) {
@@ -788,17 +629,243 @@ int k3_pack_plan_build(k3_pack_plan *p, const char *src, const char *dst, const 
             cp[lo] = v;
         }
     }
+    for (uint32_t i = 0; i < p->nouts; i++)
+        if (p->outs[i].how == K3_PACK_OUT_TRUNK || p->outs[i].how == K3_PACK_OUT_EXPERTS)
+            memset(m->files[p->outs[i].file].sha256, 0x5a, 32);
+    if (fail)
+        goto oom;
+    goto out;
+oom:
+    rc = k3_err_set(e, K3_ENOMEM, "out of memory planning the repack");
+out:
+    free(place);
+    free(newidx);
+    free(uoff);
+    return rc;
+}
+
+/* k3-run's plan on the planned layout, computed by k3-run's own code: the
+ * planned model is laid down as a stand-in of sparse files (no data, so no
+ * disk space) with the real manifest and experts.idx in a scratch directory,
+ * opened with k3_ws_stream_open and planned with k3_ws_stream_plan (the
+ * group, core and piece split k3-run makes), at the floor and at the
+ * budget, then removed. */
+static int probe_one(const char *dir, const k3_pack_opts *o, const k3_cfg *c, uint64_t budget, k3_stream_plan *sp,
+                     k3_err *e)
+{
+    k3_ws *ws = NULL;
+    int rc = k3_ws_stream_open(&ws, dir, 1, e);
+    if (rc)
+        return rc;
+    k3_stream_opts so;
+    k3_stream_opts_init(&so);
+    so.budget = budget;
+    so.max_chunk = o->max_chunk;
+    so.max_ctx = o->max_ctx;
+    so.nthreads = o->nthreads;
+    so.baseline = o->baseline ? o->baseline : 1;   /* 0 would mean "measure now" */
+    so.piece_bytes = o->piece_bytes;
+    so.extra_bytes = 2ull * 4 * c->vocab_size;   /* k3-run's two logits rows (without --logits-all) */
+    rc = k3_ws_stream_plan(ws, &so, sp, e);
+    k3_ws_close(ws);
+    return rc;
+}
+
+static int probe(k3_pack_plan *p, const k3_pack_opts *o, k3_err *e)
+{
+    const char *tmpd = getenv("TMPDIR");
+    char dir[4096], path[4400];
+    snprintf(dir, sizeof dir, "%s/k3-pack-probe.XXXXXX", tmpd && *tmpd ? tmpd : "/tmp");
+    if (!mkdtemp(dir))
+        return k3_err_sys(e, K3_EIO, errno, "%s: cannot create a scratch directory", dir);
+    const k3_man *m = &p->man;
+    int rc = 0;
+    char *txt = NULL;
+    uint8_t *idx = NULL;
+    for (uint32_t i = 0; i < m->nfiles && !rc; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, m->files[i].name);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot create", path);
+            break;
+        }
+        if (m->has_experts && i == m->expert_index_file) {
+            idx = calloc(m->files[i].size, 1);
+            if (!idx)
+                rc = k3_err_set(e, K3_ENOMEM, "out of memory");
+            else {
+                k3_man_idx_encode(idx, &p->cfg, m->xl.stride, p->records);
+                rc = k3_io_pwrite(fd, idx, m->files[i].size, 0, path, e);
+            }
+        } else if (ftruncate(fd, (off_t)m->files[i].size) != 0) {
+            rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot size", path);
+        }
+        close(fd);
+    }
+    if (!rc && !(txt = k3_man_to_json(m)))
+        rc = k3_err_set(e, K3_ENOMEM, "out of memory");
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/manifest.json", dir);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0)
+            rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot create", path);
+        else {
+            rc = k3_io_pwrite(fd, txt, strlen(txt), 0, path, e);
+            close(fd);
+        }
+    }
+    if (!rc && p->split_tensors) {
+        /* k3-run --ram refuses row-split tensors (it streams row pieces of
+         * whole tensors itself): no plan, nothing pinned automatically */
+        p->stream_refused = 1;
+        memset(&p->sp_floor, 0, sizeof p->sp_floor);
+        memset(&p->sp, 0, sizeof p->sp);
+        p->sp.budget = o->budget;
+        p->sp_ok = 0;
+    } else if (!rc) {
+        rc = probe_one(dir, o, &p->cfg, K3_STREAM_FLOOR, &p->sp_floor, e);
+    }
+    if (!rc && !p->stream_refused) {
+        k3_err pe = {0};
+        p->sp_ok = probe_one(dir, o, &p->cfg, o->budget, &p->sp, &pe) == 0;
+        if (!p->sp_ok) {
+            memset(&p->sp, 0, sizeof p->sp);
+            p->sp.budget = o->budget;
+        }
+    }
+    free(txt);
+    free(idx);
+    /* remove the stand-in */
+    for (uint32_t i = 0; i < m->nfiles; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, m->files[i].name);
+        unlink(path);
+    }
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    unlink(path);
+    rmdir(dir);
+    return rc;
+}
+
+void k3_pack_plan_free(k3_pack_plan *p)
+{
+    if (!p)
+        return;
+    free(p->src);
+    free(p->dst);
+    k3_pk_close(p->pk);
+    k3_man_free(&p->src_man);
+    k3_man_free(&p->man);
+    free(p->unit_group);
+    free(p->outs);
+    free(p->copies);
+    free(p->order);
+    free(p->hot_n);
+    free(p->counts);
+    free(p->records);
+    memset(p, 0, sizeof *p);
+}
+
+int k3_pack_plan_build(k3_pack_plan *p, const char *src, const char *dst, const k3_pack_opts *o, k3_err *e)
+{
+    memset(p, 0, sizeof *p);
+    int rc, fail = 0;
+    char *txt = NULL;
+    uint32_t *tord = NULL;
+    layout lay = {0};
+    p->src = realpath(src, NULL);
+    if (!p->src)
+        return k3_err_sys(e, K3_ENOENT, errno, "%s: cannot resolve the source directory", src);
+    if (dst && !(p->dst = strdup(dst)))
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+
+    /* the source: manifest text (hashed for provenance), parsed, and opened */
+    char mpath[4200];
+    uint64_t mlen;
+    if ((rc = k3_io_path_join(mpath, sizeof mpath, p->src, "manifest.json", e)))
+        return rc;
+    struct stat mst;
+    if (stat(mpath, &mst) != 0)
+        return k3_err_set(e, K3_ENOENT, "%s: incomplete packed model: no manifest.json", src);
+    rc = k3_io_read_file(mpath, K3_MAN_MAX_BYTES, &txt, &mlen, e);
+    if (rc)
+        return rc;
+    unsigned int hl = 0;
+    EVP_Digest(txt, (size_t)mlen, p->src_manifest_sha, &hl, EVP_sha256(), NULL);
+    rc = k3_man_parse(&p->src_man, txt, mlen, mpath, e);
+    free(txt);
+    txt = NULL;
+    if (rc)
+        return rc;
+    if ((rc = k3_pk_open(&p->pk, p->src, K3_PK_DIRECT, e)))
+        return rc;
+    p->cfg = p->src_man.cfg;
+    const k3_man *sm = &p->src_man;
+    const k3_cfg *c = &p->cfg;
+    const uint32_t nl = c->num_hidden_layers, ng = nl + 1;
+
+    /* tensors in group order, source order within a group */
+    tord = malloc((sm->ntensors ? sm->ntensors : 1) * sizeof *tord);
+    if (!tord)
+        goto oom;
+    for (uint32_t t = 0; t < sm->ntensors; t++)
+        tord[t] = t;
+    g_sort_man = sm;
+    qsort(tord, sm->ntensors, sizeof *tord, by_src_pos);
+    {   /* stable bucket by group, keeping source order inside */
+        uint32_t *tmp = malloc((sm->ntensors ? sm->ntensors : 1) * sizeof *tmp), k = 0;
+        if (!tmp)
+            goto oom;
+        for (uint32_t g = 0; g < nl + 2; g++)
+            for (uint32_t t = 0; t < sm->ntensors; t++)
+                if (tensor_group(sm, tord[t]) == g)
+                    tmp[k++] = tord[t];
+        free(tord);
+        tord = tmp;
+    }
+    for (uint32_t t = 0; t < sm->ntensors; t++)
+        if (sm->tensors[t].nbytes == 0 || sm->tensors[t].shape[0] == 0)
+            return k3_err_set(e, K3_EFORMAT, "%s: tensor %s is empty", src, sm->tensors[t].name);
+
+    /* units: whole layers unless asked (k3-run --ram streams the big matrices
+     * in row pieces itself, from whole tensors, and refuses split ones) */
+    const uint64_t U = o->unit_explicit ? o->unit_bytes : 0;
+    if ((rc = make_layout(sm, tord, U, o->split_rows, &lay, e)))
+        goto out;
+    p->unit_bytes = U;
+    p->piece_bytes = o->piece_bytes;
+    p->split_tensors = lay.split;
+    p->largest_unit = lay.largest_unit;
+
+    /* k3-run's own plan on this layout (pinned flags do not change it), then
+     * the pinned set, then the final manifest */
+    if ((rc = assemble(p, &lay, o, e)) || (rc = probe(p, o, e)))
+        goto out;
+    switch (o->pin_mode) {
+    case K3_PACK_PIN_NONE:
+        break;
+    case K3_PACK_PIN_ALL:
+        memset(p->pinned, 1, ng);
+        break;
+    case K3_PACK_PIN_LIST:
+        memcpy(p->pinned, o->pin, ng);
+        break;
+    default:
+        if (p->sp_ok)
+            memcpy(p->pinned, p->sp.pinned, ng);
+    }
+    for (uint32_t g = 0; g < ng; g++)
+        if (p->pinned[g])
+            p->pinned_bytes += lay.group_bytes[g];
+    if ((rc = assemble(p, &lay, o, e)))
+        goto out;
+    k3_man *m = &p->man;
     if (fail)
         goto oom;
     if (!(m->plan_json = plan_record(p, o)))
         goto oom;
 
-    /* hashes known only once written get a placeholder (never all zeros:
-     * that is the manifest's own self-hash slot); the planned manifest must
-     * pass our own reader and its text is the fingerprint a resume compares */
-    for (uint32_t i = 0; i < p->nouts; i++)
-        if (p->outs[i].how == K3_PACK_OUT_TRUNK || p->outs[i].how == K3_PACK_OUT_EXPERTS)
-            memset(m->files[p->outs[i].file].sha256, 0x5a, 32);
+    /* the planned manifest (placeholder hashes for files not yet written)
+     * must pass our own reader; its text is the fingerprint a resume compares */
     txt = k3_man_to_json(m);
     if (!txt)
         goto oom;
@@ -819,9 +886,6 @@ oom:
 out:
     free(txt);
     free(tord);
-    free(place);
-    free(newidx);
-    free(uoff);
     layout_free(&lay);
     if (rc)
         k3_pack_plan_free(p);
@@ -869,15 +933,16 @@ void k3_pack_plan_print(const k3_pack_plan *p, FILE *f, const char *pre)
                 hsz(a, p->expert_bytes_copied));
     else
         fprintf(f, "%sexperts %s linked from the source (not copied)\n", pre, hsz(a, p->expert_bytes_linked));
-    fprintf(f, "%sfloor  k3-run --ram on this layout: %llu bytes (%s), double-buffered %s, resident %s\n", pre,
-            (unsigned long long)p->sp_floor.floor, hsz(a, p->sp_floor.floor), hsz(b, p->sp_floor.floor_double),
-            hsz(c2, p->sp_floor.resident));
-    fprintf(f, "%sfloor  with unit-by-unit streaming: %llu bytes (%s); smallest reachable: %llu bytes (%s)\n", pre,
-            (unsigned long long)p->unit_floor, hsz(a, p->unit_floor), (unsigned long long)p->reach_floor,
-            hsz(b, p->reach_floor));
-    if (!p->sp_ok)
-        fprintf(f, "%swarning: the budget is below k3-run's floor on this layout (whole-layer streaming): "
-                   "k3-run --ram needs at least %llu bytes\n",
+    fprintf(f, "%sfloor  k3-run --ram on this layout (--ram-piece %llu): %llu bytes (%s), double-buffered %s, "
+               "resident %s\n",
+            pre, (unsigned long long)p->piece_bytes, (unsigned long long)p->sp_floor.floor,
+            hsz(a, p->sp_floor.floor), hsz(b, p->sp_floor.floor_double), hsz(c2, p->sp_floor.resident));
+    if (p->stream_refused)
+        fprintf(f, "%sk3-run --ram does not run row-split layouts (it streams row pieces of whole tensors "
+                   "itself): run this one without --ram\n",
+                pre);
+    else if (!p->sp_ok)
+        fprintf(f, "%sthe budget is below k3-run's floor on this layout: k3-run --ram needs at least %llu bytes\n",
                 pre, (unsigned long long)p->sp_floor.floor);
     else
         k3_stream_plan_print(&p->sp, f, pre);

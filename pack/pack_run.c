@@ -594,12 +594,25 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
     if (snprintf(tmp, sizeof tmp, "%s" K3_PACK_TMP_SUFFIX, dst) >= (int)sizeof tmp ||
         snprintf(old, sizeof old, "%s" K3_PACK_OLD_SUFFIX, dst) >= (int)sizeof old)
         return k3_err_set(e, K3_ELIMIT, "%s: path too long", dst);
-    char *rdst = realpath(dst, NULL);
-    if (rdst && !strcmp(rdst, p->src)) {
+    {
+        /* DST must be neither the source nor inside it (a packed model holds
+         * no other file) */
+        char parent[4200];
+        snprintf(parent, sizeof parent, "%s", dst);
+        char *slash = strrchr(parent, '/');
+        if (slash && slash != parent)
+            *slash = 0;
+        else
+            snprintf(parent, sizeof parent, "%s", slash ? "/" : ".");
+        char *rdst = realpath(dst, NULL), *rpar = realpath(parent, NULL);
+        size_t ls = strlen(p->src);
+        int bad = (rdst && !strcmp(rdst, p->src)) ||
+                  (rpar && (!strcmp(rpar, p->src) || (!strncmp(rpar, p->src, ls) && rpar[ls] == '/')));
         free(rdst);
-        return k3_err_set(e, K3_EARG, "%s: DST is the source itself", dst);
+        free(rpar);
+        if (bad)
+            return k3_err_set(e, K3_EARG, "%s: DST is the source or inside it (%s)", dst, p->src);
     }
-    free(rdst);
     int rc;
     if (exists(dst) && !o->force)
         return k3_err_set(e, K3_EEXIST, "%s exists (use --force to replace it)", dst);
