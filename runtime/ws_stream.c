@@ -930,14 +930,20 @@ static void st_experts_prefetch(k3_ws *ws, uint32_t layer, const uint32_t *ids, 
         for (uint32_t i = 0; i < w->npf; i++)
             w->xs[w->pf[i]].ref--;
         w->npf = 0;
-        for (uint32_t i = 0; i < n && i < w->nslots; i++) {
-            if (ids[i] >= ws->cfg.num_experts)
-                break;
-            int s = take(w, layer, ids[i], 1);
-            if (s < 0)
-                break;
-            w->pf[w->npf++] = (uint32_t)s;
-        }
+        /* hits first, so that a miss never evicts a record this batch wants */
+        const uint32_t m = n < w->nslots ? n : w->nslots;
+        for (int pass = 0; pass < 2; pass++)
+            for (uint32_t i = 0; i < m; i++) {
+                if (ids[i] >= ws->cfg.num_experts)
+                    continue;
+                int present = w->xmap[(uint64_t)layer * ws->cfg.num_experts + ids[i]] != 0;
+                if (present != (pass == 0))
+                    continue;
+                int s = take(w, layer, ids[i], 1);
+                if (s < 0)
+                    break;
+                w->pf[w->npf++] = (uint32_t)s;
+            }
         flush_misses(w);
     }
     pthread_mutex_unlock(&w->x_mu);
@@ -986,6 +992,9 @@ static int st_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_t *ids, ui
         }
         w->held[i] = got < 0 ? UINT32_MAX : (uint32_t)got;
     }
+    for (uint32_t i = 0; i < n; i++)   /* hits first (see experts_prefetch) */
+        if (w->held[i] == UINT32_MAX && w->xmap[(uint64_t)layer * ws->cfg.num_experts + ids[i]])
+            w->held[i] = (uint32_t)take(w, layer, ids[i], 1);
     for (uint32_t i = 0; i < n;) {
         if (w->held[i] != UINT32_MAX) {
             i++;
