@@ -523,11 +523,15 @@ __attribute__((noinline)) static void mx_t1_8_clean(const uint8_t *packed, const
     const __m512i un_hi = _mm512_set_epi32(31, 15, 27, 11, 23, 7, 19, 3, 30, 14, 26, 10, 22, 6, 18, 2);
     const char *tb = (const char *)k3_kern_mx_table;
     uint64_t groups = cols / 32, rs = cols / 2, rs3 = 3 * rs;
-    /* the next block, fetched while this one runs (see mx_t1_tile) */
-    const char *pf_p = NULL, *pf_s = NULL;
+    /* the next block, fetched while this one runs (see mx_t1_tile): its
+     * scales now, its packed bytes two lines per group; without a next
+     * block the lines fetched are this block's own (no branch in the loop) */
+    const char *pf_p = (const char *)(packed + r * rs);
     if (r + 16 <= r_end) {
-        pf_p = (const char *)(packed + (r + 8) * rs);
-        pf_s = (const char *)(scales + (r + 8) * groups);
+        pf_p += 8 * rs;
+        const char *pf_s = (const char *)(scales + (r + 8) * groups);
+        for (uint64_t b = 0; b < 8 * groups; b += 64)
+            _mm_prefetch(pf_s + b, _MM_HINT_T0);
     }
     __m512 acc[8][2];
 #pragma GCC unroll 8
@@ -535,12 +539,8 @@ __attribute__((noinline)) static void mx_t1_8_clean(const uint8_t *packed, const
         acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     const uint8_t *b0 = packed + r * rs, *b4 = b0 + 4 * rs;
     for (uint64_t g = 0; g < groups; g++) {
-        if (pf_p) {
-            _mm_prefetch(pf_p + g * 128, _MM_HINT_T0);
-            _mm_prefetch(pf_p + g * 128 + 64, _MM_HINT_T0);
-            if (g * 64 < 8 * groups)
-                _mm_prefetch(pf_s + g * 64, _MM_HINT_T0);
-        }
+        _mm_prefetch(pf_p + g * 128, _MM_HINT_T0);
+        _mm_prefetch(pf_p + g * 128 + 64, _MM_HINT_T0);
         __m512 xe = _mm512_load_ps(xp + g * 32), xo = _mm512_load_ps(xp + g * 32 + 16);
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
