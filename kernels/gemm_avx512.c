@@ -15,7 +15,9 @@
  * MXFP4: the group's row of k3_kern_mx_table (e2m1 * 2^(s-127) for all 16
  * nibbles, exactly the ref.c weights) is the vpermps table, so no multiply
  * is needed. At T = 1 (decode-bound) the activations are permuted once per
- * call so that one vpsrlvd per 16 weights suffices (see mx_t1_tile). For
+ * call so that one vpsrlvd per 16 weights suffices (see mx_t1_tile), and
+ * 8-row blocks without a scale-255 group skip the per-group test
+ * (mx_t1_8_clean; K3_MX_T1=checked forces mx_t1_tile). For
  * T > 1 the decode uses vpmultishiftqb (AVX512-VBMI) or vpshufb + vpsrlvd to
  * put the nibbles in element order, and the work runs in panels of rows and
  * chunks of columns with the lanes parked in a stack buffer between chunks
@@ -514,8 +516,12 @@ static int mx_t1_offsets(const uint8_t *sc, uint64_t groups, uint32_t *off)
     return bad != 0;
 }
 
-__attribute__((noinline)) static void mx_t1_8_clean(const uint8_t *packed, const uint8_t *scales, uint64_t cols,
-                          const uint32_t *off, const float *xp, float *Y, uint64_t r, uint64_t r_end)
+/* noinline: inlined into avx512_gemm_mx_rows, GCC hoists the eight row
+ * addresses and spills them again. */
+__attribute__((noinline)) static void mx_t1_8_clean(const uint8_t *packed, const uint8_t *scales,
+                                                    uint64_t cols, const uint32_t *off,
+                                                    const float *xp, float *Y, uint64_t r,
+                                                    uint64_t r_end)
 {
     const __m512i sh_e = _mm512_set_epi32(24, 24, 24, 24, 16, 16, 16, 16, 8, 8, 8, 8, 0, 0, 0, 0);
     const __m512i sh_o = _mm512_set_epi32(28, 28, 28, 28, 20, 20, 20, 20, 12, 12, 12, 12, 4, 4, 4, 4);
