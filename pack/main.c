@@ -197,8 +197,10 @@ int main(int argc, char **argv)
         po.pin_mode = K3_PACK_PIN_NONE;
         po.trace_path = NULL;
         rc = k3_pack_plan_build(&probe, pos[0], NULL, &po, &e);
-        if (rc)
+        if (rc) {
+            k3_pack_plan_free(&probe);
             goto fail;
+        }
         uint32_t ng = probe.cfg.num_hidden_layers + 1;
         k3_pack_plan_free(&probe);
         if ((rc = k3_pack_parse_pin(pin_arg, ng, &o, &e)))
@@ -206,8 +208,10 @@ int main(int argc, char **argv)
     }
     k3_pack_plan p;
     rc = k3_pack_plan_build(&p, pos[0], plan_only ? NULL : pos[1], &o, &e);
-    if (rc)
+    if (rc) {
+        k3_pack_plan_free(&p); /* a failed build leaves what it had made */
         goto fail;
+    }
     if (plan_only || (!json && !o.quiet))
         k3_pack_plan_print(&p, json ? stderr : plan_only ? stdout : stderr, "k3-pack: ");
     k3_pack_stats s = {0};

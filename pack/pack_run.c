@@ -636,6 +636,9 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
             k3_pk_close(chk);
             if ((rc = same_plan_manifest(p, mp, e)))
                 return rc;
+            /* killed inside the journal's removal ("plan" went first) */
+            if ((rc = remove_tree(jdir, 0, e)) || (rc = k3_io_fsync_dir(tmp, e)))
+                return rc;
             goto publish;
         } else if (o->resume && cmp > 0) {
             return k3_err_set(e, K3_EEXIST,

@@ -301,6 +301,7 @@ K3_TEST(stream_one_slot_ring_never_overwrites_the_group_in_use)
     o.budget = K3_STREAM_FLOOR;
     o.max_chunk = 4;
     o.max_ctx = 16;
+    o.io_chunk = 4096;      /* groups read in 4 KiB chunks over the I/O threads, CRCs folded */
     k3_stream_plan p;
     CHECK_EQ_INT(k3_ws_stream_start(ws, &o, &p, &e), 0);
     /* the floor: nothing pinned, a ring of exactly the largest group, which
@@ -337,6 +338,22 @@ K3_TEST(stream_one_slot_ring_never_overwrites_the_group_in_use)
     k3_ws_close(ref);
 }
 
+K3_TEST(stream_reads_pieces_in_the_order_the_model_uses_them)
+{
+    const char *pk = packed_tiny();
+    char *out = NULL;
+    /* one prompt chunk (the head is used every time): with the model's order
+     * right, no prefetched group or piece is ever dropped */
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-run %s --ids 3,1,4 --gen 4 --ram floor --ram-piece 2K --json", pk), 0);
+    cJSON *j = cJSON_Parse(out);
+    CHECK(j != NULL);
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "stream");
+    CHECK(jnum(s, "plan", "piece_ring") > 0);
+    CHECK(jnum(s, "ring_drops", NULL) == 0);
+    cJSON_Delete(j);
+    free(out);
+}
+
 K3_TEST(stream_two_piece_ring_never_overwrites_the_piece_in_use)
 {
     const char *pk = packed_tiny();
@@ -351,7 +368,8 @@ K3_TEST(stream_two_piece_ring_never_overwrites_the_piece_in_use)
     o.budget = K3_STREAM_FLOOR;
     o.max_chunk = 4;
     o.max_ctx = 16;
-    o.piece_bytes = 4096;   /* lm_head and the dense MLP in pieces of 32 rows or less */
+    o.piece_bytes = 6000;   /* every matrix over 6000 bytes in pieces */
+    o.io_chunk = 4096;      /* and every read split over the I/O threads, CRCs folded */
     k3_stream_plan p;
     CHECK_EQ_INT(k3_ws_stream_plan(ws, &o, &p, &e), 0);
     CHECK_EQ_INT(k3_ws_stream_start(ws, &o, &p, &e), 0);
