@@ -22,6 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "k3_err.h"
 #include "k3_gen.h"
 #include "k3_io.h"
@@ -60,7 +62,9 @@ static void usage(FILE *f)
             "  --ram SIZE             stream the weights within SIZE bytes of RAM (K/M/G/T\n"
             "                         suffixes) or a preset: floor, double, resident; prints the\n"
             "                         memory plan, refuses a budget below the floor (exit 6)\n"
-            "                         and reports reads, I/O wait, hit rate and peak RSS\n"
+            "                         and reports reads, I/O wait, hit rate and peak RSS;\n"
+            "                         default: the budget a k3-pack layout records, else\n"
+            "                         everything resident\n"
             "  --plan                 with --ram: print the memory plan and exit\n"
             "  --trace FILE           with --ram: write every expert request to FILE\n"
             "  --ram-piece SIZE       with --ram: stream the dense MLP and lm_head matrices larger\n"
@@ -312,6 +316,30 @@ static void print_json_text(const char *text, uint64_t n)
 }
 
 /* Does dir hold a tokenizer? */
+/* The budget a k3-pack layout was made for (manifest plan.k3_run.ram, when
+ * plan.k3_run.streams): 1 and *budget set if there is one. Anything unreadable
+ * here is left for k3_pk_open to report. */
+static int plan_budget(const char *model_dir, uint64_t *budget)
+{
+    char mp[4096];
+    char *txt = NULL;
+    int found = 0;
+    if (k3_io_path_join(mp, sizeof mp, model_dir, "manifest.json", NULL) < 0 ||
+        access(mp, F_OK) != 0 || k3_io_read_file(mp, 64u << 20, &txt, NULL, NULL) < 0)
+        return 0;
+    cJSON *root = cJSON_Parse(txt);
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "plan"), "k3_run");
+    const cJSON *streams = cJSON_GetObjectItemCaseSensitive(run, "streams");
+    const cJSON *ram = cJSON_GetObjectItemCaseSensitive(run, "ram");
+    if (cJSON_IsTrue(streams) && cJSON_IsNumber(ram) && ram->valuedouble >= 1 && ram->valuedouble < 0x1p63) {
+        *budget = (uint64_t)ram->valuedouble;
+        found = 1;
+    }
+    cJSON_Delete(root);
+    free(txt);
+    return found;
+}
+
 static int has_tokenizer(const char *dir)
 {
     char p[4096];
@@ -523,6 +551,13 @@ int main(int argc, char **argv)
     k3_stream_run run;
     memset(&run, 0, sizeof run);
 
+    /* A model laid out by k3-pack streams by default within the budget it was
+     * packed for; --ram SIZE or a preset (resident included) overrides it. */
+    int ram_from_plan = 0;
+    if (!ram_arg && plan_budget(model_dir, &ram)) {
+        ram_from_plan = 1;
+        ram_arg = "plan";
+    }
     if (ram_arg) {
         char mp[4096];
         struct stat mst;
@@ -576,6 +611,14 @@ int main(int argc, char **argv)
         so.piece_bytes = piece;
         so.extra_bytes = (2 + (logits_all_path ? (uint64_t)n_ids : 0)) * 4ull * ws->cfg.vocab_size;
         rc = k3_ws_stream_plan(ws, &so, &run.plan, &e);
+        if (rc == K3_EBUDGET && ram_from_plan) {
+            /* packed for another session shape (context, threads): its floor */
+            fprintf(stderr, "k3-run: the layout's budget of %llu bytes is below this run's floor: "
+                            "streaming at the floor\n", (unsigned long long)ram);
+            k3_err_clear(&e);
+            so.budget = K3_STREAM_FLOOR;
+            rc = k3_ws_stream_plan(ws, &so, &run.plan, &e);
+        }
         if (rc < 0)
             goto out;
         k3_stream_plan_print(&run.plan, stderr, "k3-run: ");
