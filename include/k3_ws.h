@@ -67,11 +67,19 @@ const char *k3_wslot_name(k3_wslot s);
 int k3_wslot_in_layer(k3_wslot s, int is_mla, int is_dense);
 int k3_wslot_in_head(k3_wslot s);
 
+typedef struct k3_ws k3_ws;
+
 typedef struct k3_view {
     k3_dtype dtype;
     uint32_t ndim;
     uint64_t shape[4];
     const void *data;        /* NULL for an absent slot or in a description */
+    /* A streamed matrix (data NULL, src set): its rows come from
+     * k3_ws_rows_acquire(src, group, slot, ...) a range at a time, in row
+     * order; k3_model_mm_rows does this. Only sources with rows_acquire set
+     * it; every other view has src NULL. */
+    k3_ws *src;
+    uint32_t group, slot;
 } k3_view;
 
 /* Number of elements of a view (product of the shape). */
@@ -83,8 +91,6 @@ typedef struct k3_expert_view {
     const uint8_t *packed[3];
     const uint8_t *scales[3];
 } k3_expert_view;
-
-typedef struct k3_ws k3_ws;
 
 /* Implementation table (for sources; users call the k3_ws_* wrappers). */
 typedef struct k3_ws_ops {
@@ -100,6 +106,18 @@ typedef struct k3_ws_ops {
                            k3_expert_view *out, k3_err *e);
     void (*experts_release)(k3_ws *ws, uint32_t layer);
     void (*close)(k3_ws *ws);
+    /* Optional (NULL: nothing to do): a hint given right after routing, before
+     * the first experts_acquire of the layer, with every expert id the layer
+     * will ask for (ascending); a streaming source starts reading them. */
+    void (*experts_prefetch)(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n);
+    /* Optional, for streamed matrices (k3_view.src): the rows from row on of
+     * slot s of group g (held group), *n of them (>= 1, the source's piece),
+     * valid until rows_release; then the next rows. A failure is sticky:
+     * status returns it (0 if none); the model checks status after every
+     * layer and after the head. */
+    int (*rows_acquire)(k3_ws *ws, uint32_t g, k3_wslot s, uint64_t row, uint64_t *n, const void **data, k3_err *e);
+    void (*rows_release)(k3_ws *ws, uint32_t g, k3_wslot s);
+    int (*status)(k3_ws *ws, k3_err *e);
 } k3_ws_ops;
 
 struct k3_ws {
@@ -154,5 +172,17 @@ static inline int k3_ws_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_
     return ws->ops->experts_acquire(ws, layer, ids, n, out, e);
 }
 static inline void k3_ws_experts_release(k3_ws *ws, uint32_t layer) { ws->ops->experts_release(ws, layer); }
+static inline int k3_ws_rows_acquire(k3_ws *ws, uint32_t g, k3_wslot s, uint64_t row, uint64_t *n,
+                                     const void **data, k3_err *e)
+{
+    return ws->ops->rows_acquire(ws, g, s, row, n, data, e);
+}
+static inline void k3_ws_rows_release(k3_ws *ws, uint32_t g, k3_wslot s) { ws->ops->rows_release(ws, g, s); }
+static inline int k3_ws_status(k3_ws *ws, k3_err *e) { return ws->ops->status ? ws->ops->status(ws, e) : 0; }
+static inline void k3_ws_experts_prefetch(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    if (ws->ops->experts_prefetch)
+        ws->ops->experts_prefetch(ws, layer, ids, n);
+}
 
 #endif

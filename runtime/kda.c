@@ -6,15 +6,26 @@
  * carrying the session's state (conv history: the last conv-1 projected
  * inputs of q, k, v; recurrent state: one D x D matrix per head, rows = key
  * channels). Heads are independent and are split across threads; within a
- * head every loop has one fixed order:
- *   u[j]  = sum_i (decay_i * S[i][j]) * k[i]      i ascending, double
- *   S[i][j] += k[i] * (beta * (float)(v[j] - u[j]))
- *   o[j]  = sum_i S[i][j] * q[i]                 i ascending, double
- * The state itself is float; the two sums run in double because they feed
- * back into the state at every token (measured on the tiny gate sequence: the
- * worst relative logit error against the float64 reference went from 6.0e-5
- * to 4.6e-5, what a float32 NumPy run of the reference also shows).
- * L2Norm: sum of squares in double; q is scaled by D^-0.5 after it.
+ * head every loop has one fixed order and everything except the stored state
+ * is double:
+ *   conv   = sum_i w[i] * x[t-CW+1+i]               i ascending, then SiLU
+ *   q, k   = x / sqrt(sum x^2 + 1e-6)               sums i ascending; q also * D^-0.5
+ *   decay  = exp(lb * sigmoid(exp(A_log) * (z + dt_bias))),  beta = sigmoid(b)
+ *   S[i][j] = (float)(S[i][j] * decay[i])
+ *   u[j]  = sum_i S[i][j] * k[i]                     i ascending
+ *   S[i][j] = (float)(S[i][j] + k[i] * (beta * (v[j] - u[j])))
+ *   o[j]  = sum_i S[i][j] * q[i]                     i ascending
+ *   out   = (float)(o_norm * o / sqrt(mean(o^2) + eps) * sigmoid(g))
+ * Only the state (one D x D float matrix per head, the session's memory) and
+ * the conv outputs handed to the recurrence are rounded to float. Why double:
+ * o = S^T q is often far smaller than |S||q| (cancellation) and the per-head
+ * RMSNorm then scales it back up, so every rounding inside the recurrence is
+ * amplified; measured on the tiny gate sequence the recurrence's own error
+ * (given the same inputs) drops from up to 7.5e-6 to 9e-7 relative per head
+ * and the worst logit error over seeds 1..20 from 1.7e-4 to about 8e-5 (see
+ * tests/ref/README.md, "float32 floor"). The state stays float: keeping it
+ * in double (2x session memory) measured no better end to end, the inputs'
+ * float rounding dominates.
  */
 #include <string.h>
 
@@ -29,13 +40,13 @@ static void short_conv(const float *in, const float *w, float *hist, uint32_t T,
 #pragma omp parallel for schedule(static) if ((uint64_t)P * T * CW > K3_PAR_MIN)
     for (uint32_t c = 0; c < P; c++) {
         for (uint32_t t = 0; t < T; t++) {
-            float acc = 0.0f;
+            double acc = 0.0;
             for (uint32_t i = 0; i < CW; i++) {
                 int64_t tau = (int64_t)t - (int64_t)HW + i;
                 float x = tau >= 0 ? in[(uint64_t)tau * P + c] : hist[(uint64_t)(HW + tau) * P + c];
-                acc += w[(uint64_t)c * CW + i] * x;
+                acc += (double)w[(uint64_t)c * CW + i] * (double)x;
             }
-            y[(uint64_t)t * P + c] = k3_siluf(acc);
+            y[(uint64_t)t * P + c] = (float)(acc / (1.0 + exp(-acc)));
         }
         /* new history: the last HW inputs of (hist, in); reads stay ahead of writes */
         for (uint32_t k = 0; k < HW; k++) {
@@ -43,16 +54,6 @@ static void short_conv(const float *in, const float *w, float *hist, uint32_t T,
             hist[(uint64_t)k * P + c] = tau >= 0 ? in[(uint64_t)tau * P + c] : hist[(uint64_t)(HW + tau) * P + c];
         }
     }
-}
-
-static void l2norm(float *x, uint32_t n)
-{
-    double ss = 0.0;
-    for (uint32_t i = 0; i < n; i++)
-        ss += (double)x[i] * (double)x[i];
-    float r = (float)(1.0 / sqrt(ss + 1e-6));
-    for (uint32_t i = 0; i < n; i++)
-        x[i] *= r;
 }
 
 int k3_kda_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e)
@@ -77,60 +78,62 @@ int k3_kda_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
     short_conv(m->kv, m->vf[K3_W_KDA_VCONV], hist + 2 * hstride, T, P, CW, m->kcv);
 
     const float *alog = m->vf[K3_W_KDA_ALOG], *dtb = m->vf[K3_W_KDA_DTBIAS], *onorm = m->vf[K3_W_KDA_ONORM];
-    const float qscale = 1.0f / sqrtf((float)D), lb = d->lb, eps = d->eps;
+    const double lb = (double)d->lb, eps = (double)d->eps, qscale = 1.0 / sqrt((double)D);
     float *state = s->kda_state + (uint64_t)idx * H * D * D;
 
 #pragma omp parallel for schedule(static) if ((uint64_t)H * T * D * D > K3_PAR_MIN)
     for (uint32_t h = 0; h < H; h++) {
-        float dl[D], decay[D];
-        double u[D], ob[D];
+        double q[D], k[D], decay[D], dl[D], u[D], o[D];
         float *S = state + (uint64_t)h * D * D;
-        const float ah = expf(alog[h]);
+        const double ah = exp((double)alog[h]);
         for (uint32_t t = 0; t < T; t++) {
             const uint64_t off = (uint64_t)t * P + (uint64_t)h * D;
-            float *q = m->kcq + off, *k = m->kck + off;
-            const float *vv = m->kcv + off;
-            l2norm(q, D);
-            l2norm(k, D);
-            for (uint32_t i = 0; i < D; i++)
-                q[i] *= qscale;
-            const float beta = k3_sigmoidf(m->kb[(uint64_t)t * H + h]);
+            const float *qf = m->kcq + off, *kf = m->kck + off, *vf = m->kcv + off;
+            double sq = 0.0, sk = 0.0;
             for (uint32_t i = 0; i < D; i++) {
-                float g = lb * k3_sigmoidf(ah * (m->kz[off + i] + dtb[(uint64_t)h * D + i]));
-                decay[i] = expf(g);
+                sq += (double)qf[i] * (double)qf[i];
+                sk += (double)kf[i] * (double)kf[i];
+            }
+            const double rq = qscale / sqrt(sq + 1e-6), rk = 1.0 / sqrt(sk + 1e-6);
+            for (uint32_t i = 0; i < D; i++) {
+                q[i] = (double)qf[i] * rq;
+                k[i] = (double)kf[i] * rk;
+            }
+            const double beta = 1.0 / (1.0 + exp(-(double)m->kb[(uint64_t)t * H + h]));
+            for (uint32_t i = 0; i < D; i++) {
+                const double z = ah * ((double)m->kz[off + i] + (double)dtb[(uint64_t)h * D + i]);
+                decay[i] = exp(lb / (1.0 + exp(-z)));
             }
             for (uint32_t j = 0; j < D; j++)
                 u[j] = 0.0;
             for (uint32_t i = 0; i < D; i++) {
                 float *row = S + (uint64_t)i * D;
-                const float di = decay[i], ki = k[i];
+                const double di = decay[i], ki = k[i];
                 for (uint32_t j = 0; j < D; j++) {
-                    row[j] *= di;
+                    row[j] = (float)((double)row[j] * di);
                     u[j] += (double)row[j] * ki;
                 }
             }
-            for (uint32_t j = 0; j < D; j++)
-                dl[j] = beta * (float)(vv[j] - u[j]);
-            float *o = m->ko + off;
-            for (uint32_t j = 0; j < D; j++)
-                ob[j] = 0.0;
+            for (uint32_t j = 0; j < D; j++) {
+                dl[j] = beta * ((double)vf[j] - u[j]);
+                o[j] = 0.0;
+            }
             for (uint32_t i = 0; i < D; i++) {
                 float *row = S + (uint64_t)i * D;
-                const float ki = k[i], qi = q[i];
+                const double ki = k[i], qi = q[i];
                 for (uint32_t j = 0; j < D; j++) {
-                    row[j] += ki * dl[j];
-                    ob[j] += (double)row[j] * qi;
+                    row[j] = (float)((double)row[j] + ki * dl[j]);
+                    o[j] += (double)row[j] * qi;
                 }
             }
-            for (uint32_t j = 0; j < D; j++)
-                o[j] = (float)ob[j];
             /* head-wise RMSNorm, then the output gate */
             double ss = 0.0;
             for (uint32_t j = 0; j < D; j++)
-                ss += (double)o[j] * (double)o[j];
-            const float r = (float)(1.0 / sqrt(ss / (double)D + (double)eps));
+                ss += o[j] * o[j];
+            const double r = 1.0 / sqrt(ss / (double)D + eps);
+            float *out = m->ko + off;
             for (uint32_t j = 0; j < D; j++)
-                o[j] = (onorm[j] * (o[j] * r)) * k3_sigmoidf(m->kg[off + j]);
+                out[j] = (float)((double)onorm[j] * (o[j] * r) / (1.0 + exp(-(double)m->kg[off + j])));
         }
     }
     k3_model_mm(&v[K3_W_KDA_O], m->ko, T, m->attn);

@@ -27,6 +27,7 @@
 #include "k3_io.h"
 #include "k3_kern.h"
 #include "k3_model.h"
+#include "k3_stream.h"
 #include "k3_tok.h"
 #include "k3_ws.h"
 
@@ -55,6 +56,18 @@ static void usage(FILE *f)
             "  --seed S               sampler seed (default 0): same seed, same tokens\n"
             "  --chunk N              prompt tokens per forward step (default 64)\n"
             "  --threads N            worker threads (default: all cores)\n"
+            "memory (packed models):\n"
+            "  --ram SIZE             stream the weights within SIZE bytes of RAM (K/M/G/T\n"
+            "                         suffixes) or a preset: floor, double, resident; prints the\n"
+            "                         memory plan, refuses a budget below the floor (exit 6)\n"
+            "                         and reports reads, I/O wait, hit rate and peak RSS\n"
+            "  --plan                 with --ram: print the memory plan and exit\n"
+            "  --trace FILE           with --ram: write every expert request to FILE\n"
+            "  --ram-piece SIZE       with --ram: stream the dense MLP and lm_head matrices larger\n"
+            "                         than SIZE in row pieces of at most SIZE (default 128M;\n"
+            "                         0: whole layers only)\n"
+            "  --no-trunk-crc         with --ram: do not CRC-check streamed trunk units (expert\n"
+            "                         records and pinned units are always checked)\n"
             "output:\n"
             "  --json                 one JSON object: prompt_ids, generated_ids, text, timings\n"
             "  --logits FILE          float32 LE logits of the last prompt position [V]\n"
@@ -172,6 +185,8 @@ static int write_floats(const char *path, const float *x, uint64_t n, k3_err *e)
 
 typedef struct stream_ctx {
     k3_tok_stream *ts;
+    k3_ws *sws;          /* streaming source (--ram), snapshotted at the first token */
+    k3_stream_run *run;
     int json;
     int first;
     const uint32_t *eos; /* end-of-sequence ids: kept in the ids, not written as text */
@@ -202,6 +217,10 @@ static int append(stream_ctx *c, const char *b, uint64_t n)
 static int on_token(void *ud, uint32_t id)
 {
     stream_ctx *c = ud;
+    if (c->sws && !c->run->have_first) {
+        k3_ws_stream_stats(c->sws, &c->run->at_first);
+        c->run->have_first = 1;
+    }
     if (!c->ts) {
         if (!c->json) {
             printf("%s%u", c->first ? "" : ",", id);
@@ -308,6 +327,10 @@ int main(int argc, char **argv)
     uint64_t gen = 64, chunk = 64, threads = 0, top_k = 0, seed = 0;
     double temperature = 0.0, top_p = 1.0;
     int json = 0, tokenize = 0, detokenize = 0;
+    const char *ram_arg = NULL, *trace_path = NULL;
+    uint64_t ram = 0;
+    int plan_only = 0, trunk_crc = 1;
+    uint64_t piece = 128ull << 20;
     k3_io_fault_reset();
 
     for (int i = 1; i < argc; i++) {
@@ -371,6 +394,26 @@ int main(int argc, char **argv)
             NEEDV();
             if (parse_f(v, 0.0, 1.0, &top_p) || top_p <= 0.0)
                 return dief(K3_EARG, "--top-p: '%s' is not a number in (0, 1]", v);
+        } else if (!strcmp(a, "--ram")) {
+            NEEDV();
+            ram_arg = v;
+            if (k3_stream_parse_budget(v, &ram, NULL) < 0)
+                return dief(K3_EARG, "--ram: '%s' is not a size (bytes, K/M/G/T) or a preset (floor, double, "
+                                     "resident)", v);
+        } else if (!strcmp(a, "--trace")) {
+            NEEDV();
+            trace_path = v;
+        } else if (!strcmp(a, "--ram-piece")) {
+            NEEDV();
+            if (!strcmp(v, "0"))
+                piece = 0;
+            else if (k3_stream_parse_budget(v, &piece, NULL) < 0 || piece <= K3_STREAM_DOUBLE ||
+                     piece == K3_STREAM_RESIDENT)
+                return dief(K3_EARG, "--ram-piece: '%s' is not a size (bytes, K/M/G) or 0", v);
+        } else if (!strcmp(a, "--no-trunk-crc")) {
+            trunk_crc = 0;
+        } else if (!strcmp(a, "--plan")) {
+            plan_only = 1;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--tokenize")) {
@@ -393,6 +436,8 @@ int main(int argc, char **argv)
         return die(K3_EARG, "give only one of --prompt, --prompt-file, --ids");
     if (tokenize && detokenize)
         return die(K3_EARG, "--tokenize and --detokenize exclude each other");
+    if ((plan_only || trace_path) && !ram_arg)
+        return die(K3_EARG, "--plan and --trace need --ram");
 
     k3_err e = {0};
     int rc = 0;
@@ -475,8 +520,21 @@ int main(int argc, char **argv)
     float *logits = NULL, *first = NULL, *all = NULL;
     uint32_t *gen_ids = NULL, n_gen = 0;
     stream_ctx sc = {0};
+    k3_stream_run run;
+    memset(&run, 0, sizeof run);
 
-    rc = k3_ws_open(&ws, model_dir, 0, &e);
+    if (ram_arg) {
+        char mp[4096];
+        struct stat mst;
+        if (k3_io_path_join(mp, sizeof mp, model_dir, "manifest.json", &e) < 0 || stat(mp, &mst) != 0) {
+            free(text);
+            free(ids);
+            return dief(K3_EARG, "--ram needs a packed model (k3-convert): %s has no manifest.json", model_dir);
+        }
+        rc = k3_ws_stream_open(&ws, model_dir, 1, &e);
+    } else {
+        rc = k3_ws_open(&ws, model_dir, 0, &e);
+    }
     if (rc < 0)
         goto out;
     if (!tdir || (!tok_dir && !ws->tok_dir[0]))
@@ -505,6 +563,27 @@ int main(int argc, char **argv)
             goto out;
         }
         n_ids = (uint32_t)n;
+    }
+    k3_stream_opts so;
+    k3_stream_opts_init(&so);
+    if (ram_arg) {   /* plan before the model opens: it sizes its expert batches by the cache */
+        so.budget = ram;
+        so.max_chunk = (uint32_t)chunk;
+        so.max_ctx = n_ids + (uint32_t)gen;
+        so.nthreads = (uint32_t)omp_get_max_threads();
+        so.trace_path = trace_path;
+        so.trunk_crc = trunk_crc;
+        so.piece_bytes = piece;
+        so.extra_bytes = (2 + (logits_all_path ? (uint64_t)n_ids : 0)) * 4ull * ws->cfg.vocab_size;
+        rc = k3_ws_stream_plan(ws, &so, &run.plan, &e);
+        if (rc < 0)
+            goto out;
+        k3_stream_plan_print(&run.plan, stderr, "k3-run: ");
+        if (plan_only)
+            goto out;
+        if (!k3_ws_stream_direct(ws))
+            fprintf(stderr, "k3-run: warning: the filesystem refuses O_DIRECT for %s: buffered reads "
+                            "(the page cache may hold model bytes outside the budget)\n", model_dir);
     }
     k3_model_opts mo = {(uint32_t)chunk};
     rc = k3_model_open(&m, ws, &mo, &e);
@@ -536,6 +615,13 @@ int main(int argc, char **argv)
         if (rc < 0)
             goto out;
     }
+    if (ram_arg) {
+        rc = k3_ws_stream_start(ws, &so, &run.plan, &e);
+        if (rc < 0)
+            goto out;
+        sc.sws = ws;
+        sc.run = &run;
+    }
     double t_load = now_s() - t_load0;
     sc.ts = ts;
     sc.json = json;
@@ -560,6 +646,16 @@ int main(int argc, char **argv)
     }
     if (rc < 0)
         goto out;
+    if (ram_arg) {
+        k3_ws_stream_stats(ws, &run.end);
+        run.n_prompt = n_ids;
+        run.n_gen = n_gen;
+        run.prompt_s = gen ? st.prompt_s : now_s() - t_load0 - t_load;
+        run.decode_s = st.decode_s;
+        run.peak_rss = k3_stream_rss_peak();
+        run.direct = k3_ws_stream_direct(ws);
+        k3_stream_report_print(&run, stderr, "k3-run: ");
+    }
     if (ts) {
         const char *b;
         uint64_t n;
@@ -595,8 +691,18 @@ int main(int argc, char **argv)
                "\"decode_s\":%.6f,\"decode_tokens_per_s\":%.3f}",
                t_load, st.prompt_s, st.prompt_s > 0 ? n_ids / st.prompt_s : 0.0, st.decode_s,
                st.decode_s > 0 && n_gen > 1 ? (n_gen - 1) / st.decode_s : 0.0);
-        printf(",\"kernels\":\"%s\",\"threads\":%d,\"chunk\":%llu}\n", k3_kern_name(), omp_get_max_threads(),
+        printf(",\"kernels\":\"%s\",\"threads\":%d,\"chunk\":%llu", k3_kern_name(), omp_get_max_threads(),
                (unsigned long long)chunk);
+        if (ram_arg) {
+            char *sj = k3_stream_report_json(&run);
+            if (!sj) {
+                rc = k3_err_set(&e, K3_ENOMEM, "out of memory");
+                goto out;
+            }
+            printf(",\"stream\":%s", sj);
+            free(sj);
+        }
+        printf("}\n");
         fflush(stdout);
     }
 out:

@@ -34,8 +34,54 @@ static uint64_t view_cols(const k3_view *v)
     return r ? n / r : 0;
 }
 
+/* A streamed matrix: the rows piece by piece from the source, each piece's
+ * products written to their place in Y ([T][rows]). The same kernel on the
+ * same rows: per output element the same order, so the same numbers. On a
+ * read failure the source keeps the error (k3_ws_status) and Y is left as is. */
+static void mm_streamed(const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T, float *Y)
+{
+    float *tmp = NULL;
+    uint64_t cap = 0;
+    for (uint64_t r = row0; r < row0 + rows;) {
+        const void *p;
+        uint64_t n = 0;
+        k3_err e = {0};
+        if (k3_ws_rows_acquire(W->src, W->group, (k3_wslot)W->slot, r, &n, &p, &e) < 0 || n == 0)
+            break;
+        if (n > row0 + rows - r)
+            n = row0 + rows - r;
+        k3_view piece = *W;
+        piece.src = NULL;
+        piece.data = p;
+        piece.shape[0] = n;
+        if (T == 1) {
+            k3_model_mm_rows(&piece, 0, n, X, 1, Y + (r - row0));
+        } else {
+            if (n > cap) {   /* prompt chunks only: decode (T = 1) never allocates */
+                float *t2 = realloc(tmp, (size_t)T * n * sizeof(float));
+                if (!t2) {
+                    k3_ws_rows_release(W->src, W->group, (k3_wslot)W->slot);
+                    break;
+                }
+                tmp = t2;
+                cap = n;
+            }
+            k3_model_mm_rows(&piece, 0, n, X, T, tmp);
+            for (uint32_t t = 0; t < T; t++)
+                memcpy(Y + (uint64_t)t * rows + (r - row0), tmp + (uint64_t)t * n, n * sizeof(float));
+        }
+        k3_ws_rows_release(W->src, W->group, (k3_wslot)W->slot);
+        r += n;
+    }
+    free(tmp);
+}
+
 void k3_model_mm_rows(const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T, float *Y)
 {
+    if (!W->data && W->src) {
+        mm_streamed(W, row0, rows, X, T, Y);
+        return;
+    }
     uint64_t cols = view_cols(W);
     if (W->dtype == K3_DT_BF16) {
         const uint16_t *w = (const uint16_t *)W->data + row0 * cols;
@@ -546,6 +592,8 @@ static int forward_chunk(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t 
         else
             m->times.moe += t1 - t0;
         k3_ws_release(m->ws, L);
+        if (rc == 0)
+            rc = k3_ws_status(m->ws, e);   /* a streamed piece that failed to read */
         if (rc < 0)
             return rc;
         memcpy(m->h, m->prefix, TE * sizeof(float));
@@ -569,6 +617,8 @@ static int forward_chunk(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t 
     k3_model_rmsnorm(m->head_x, m->vf[K3_W_FINAL_NORM], d->E, rows, d->eps, m->head_x);
     k3_model_mm(&v[K3_W_LM_HEAD], m->head_x, rows, logits);
     k3_ws_release(m->ws, g);
+    if ((rc = k3_ws_status(m->ws, e)) < 0)
+        return rc;
     m->times.head += omp_get_wtime() - t0;
     return 0;
 }

@@ -11,6 +11,11 @@
  * per chunk, in batches of k3_ws_expert_batch_max; every expert runs its rows
  * straight from MXFP4 with k3_gemm_mx. The aggregate of a token is summed in
  * its top-k order, so the grouping never changes a number.
+ * Overlap: right after routing the layer's expert ids go to the source
+ * (k3_ws_experts_prefetch, a hint a streaming source uses to start its
+ * reads), then the latent down projection and the shared experts run before
+ * the first expert is acquired; the sum routed + shared is the same
+ * expression as ever.
  */
 #include <string.h>
 
@@ -90,8 +95,8 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
             w[j] *= d->rsf;
     }
 
-    /* experts live in the latent */
-    k3_model_mm(&v[K3_W_MOE_LDOWN], m->xn, T, m->mz);
+    /* the experts this chunk needs: a streaming source starts reading them
+     * now, while the latent down projection and the shared experts run */
     memset(m->ecount, 0, NE * sizeof(uint32_t));
     for (uint64_t i = 0; i < (uint64_t)T * K; i++)
         m->ecount[m->rsel[i]]++;
@@ -99,6 +104,20 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     for (uint32_t x = 0; x < NE; x++)
         if (m->ecount[x])
             m->eids[nused++] = x;
+    k3_ws_experts_prefetch(m->ws, layer, m->eids, nused);
+
+    /* experts live in the latent */
+    k3_model_mm(&v[K3_W_MOE_LDOWN], m->xn, T, m->mz);
+
+    /* shared experts: one unweighted MLP on the layer input, into m->mlp */
+    const uint64_t TE = (uint64_t)T * d->E;
+    if (d->NSH) {
+        const uint64_t IS = (uint64_t)I * d->NSH;
+        k3_model_mm(&v[K3_W_MOE_SH_GATE], m->xn, T, m->dg);
+        k3_model_mm(&v[K3_W_MOE_SH_UP], m->xn, T, m->du);
+        situ_rows(m->dg, m->du, (uint64_t)T * IS, d->b1, d->b2);
+        k3_model_mm(&v[K3_W_MOE_SH_DOWN], m->dg, T, m->mlp);
+    }
 
     for (uint32_t b0 = 0; b0 < nused; b0 += m->expert_batch) {
         uint32_t nb = nused - b0 < m->expert_batch ? nused - b0 : m->expert_batch;
@@ -142,14 +161,8 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
         k3_model_rmsnorm(m->macc, m->vf[K3_W_MOE_NORM], LAT, T, d->eps, m->macc);
     k3_model_mm(&v[K3_W_MOE_LUP], m->macc, T, m->mup);
 
-    /* shared experts: one unweighted MLP on the layer input */
-    const uint64_t TE = (uint64_t)T * d->E;
+    /* routed + shared */
     if (d->NSH) {
-        const uint64_t IS = (uint64_t)I * d->NSH;
-        k3_model_mm(&v[K3_W_MOE_SH_GATE], m->xn, T, m->dg);
-        k3_model_mm(&v[K3_W_MOE_SH_UP], m->xn, T, m->du);
-        situ_rows(m->dg, m->du, (uint64_t)T * IS, d->b1, d->b2);
-        k3_model_mm(&v[K3_W_MOE_SH_DOWN], m->dg, T, m->mlp);
         for (uint64_t i = 0; i < TE; i++)
             m->mlp[i] = m->mup[i] + m->mlp[i];
     } else {

@@ -105,7 +105,7 @@ static void mem_close(k3_ws *ws)
 
 static const k3_ws_ops mem_ops = {
     "memory", mem_describe, mem_acquire, mem_release, mem_embed,
-    mem_batch_max, mem_experts_acquire, mem_experts_release, mem_close,
+    mem_batch_max, mem_experts_acquire, mem_experts_release, mem_close, NULL, NULL, NULL, NULL,
 };
 
 /* Shape of a slot for cfg: rows x cols (cols 0 = vector). */
@@ -196,7 +196,7 @@ int k3_ws_mem_create(k3_ws **out, const k3_cfg *cfg, uint64_t seed, k3_err *e)
                 float sc = sqrtf(3.0f / (float)cl);
                 for (uint64_t i = 0; i < r * cl; i++)
                     p[i] = k3_f32_to_bf16(unif(&st) * sc);
-                *v = (k3_view){K3_DT_BF16, 2, {r, cl, 0, 0}, p};
+                *v = (k3_view){.dtype = K3_DT_BF16, .ndim = 2, .shape = {r, cl, 0, 0}, .data = p};
                 w->blobs[g * K3_W_COUNT + si] = p;
             } else {
                 float *p = malloc(r * sizeof(float));
@@ -211,7 +211,7 @@ int k3_ws_mem_create(k3_ws **out, const k3_cfg *cfg, uint64_t seed, k3_err *e)
                            : s == K3_W_KDA_QCONV || s == K3_W_KDA_KCONV || s == K3_W_KDA_VCONV ? 0.6f * u
                            : u; /* attention-residual projections */
                 }
-                *v = (k3_view){K3_DT_F32, 1, {r, 0, 0, 0}, p};
+                *v = (k3_view){.dtype = K3_DT_F32, .ndim = 1, .shape = {r, 0, 0, 0}, .data = p};
                 w->blobs[g * K3_W_COUNT + si] = p;
             }
         }

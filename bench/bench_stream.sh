@@ -1,0 +1,92 @@
+#!/bin/sh
+# bench_stream.sh - k3-run --ram on a k3-width checkpoint (layer 0 dense, layers
+# 1-2 MoE, real K3 matrix sizes: ~38 GB packed, experts far larger than any
+# budget tried), at the floor, 4 GiB and 16 GiB, against two lower bounds
+# measured in the same run:
+#   I/O bound     = bytes the run read per decode token, trunk and experts
+#                   each divided by the O_DIRECT read bandwidth of the same
+#                   files read the same way (bench-bench_stream: parallel
+#                   preads into huge pages);
+#   compute bound = decode s/token minus the time the model waited for reads
+#                   (what the same run would take with free I/O).
+# Also prints the memory plan of the real K3 shape (93 layers, 896 experts)
+# from its config alone (bench-bench_stream --plan).
+#
+#   sh bench/bench_stream.sh [WORKDIR]      (default /tmp/stream-bench)
+#
+# Environment: BIN (default bin), BUDGETS (default "floor 4G 16G"), GEN
+# (generated tokens, default 4), SPARSE=1 forces a sparse checkpoint (holes:
+# reads are served without touching the device and all-zero experts run the
+# MXFP4 kernel on denormal scales - say so when quoting), SPARSE=0 forces a
+# dense one (needs ~80 GB free: source + packed). Default: dense if df says
+# 90 GB are free, sparse otherwise. TRACE=1 writes each run's expert trace and
+# replays it against LRU, LFU and the offline optimum at 16..1024 slots.
+# WORKDIR is deleted at the end unless KEEP=1.
+set -eu
+BIN=${BIN:-bin}
+W=${1:-/tmp/stream-bench}
+BUDGETS=${BUDGETS:-"floor 4G 16G"}
+GEN=${GEN:-4}
+IDS=1,2,3,4
+mkdir -p "$W"
+free_gb=$(df -Pk "$W" | awk 'NR==2 {print int($4 / 1048576)}')
+SPARSE=${SPARSE:-auto}
+if [ "$SPARSE" = auto ]; then
+    if [ "$free_gb" -ge 90 ]; then SPARSE=0; else SPARSE=1; fi
+fi
+echo "bench_stream: $free_gb GB free under $W; sparse checkpoint: $SPARSE"
+if [ ! -f "$W/pk/manifest.json" ]; then
+    if [ "$SPARSE" = 1 ]; then
+        "$BIN/k3-synth" "$W/src" --preset k3-width --layers 3 --sparse --quiet --force
+    else
+        "$BIN/k3-synth" "$W/src" --preset k3-width --layers 3 --quiet --force
+    fi
+    "$BIN/k3-convert" --quiet "$W/src" "$W/pk"
+    rm -rf "$W/src"
+fi
+du -sh --apparent-size "$W/pk" | sed 's/^/bench_stream: packed model (logical) /'
+du -sh "$W/pk" | sed 's/^/bench_stream: packed model (on disk)  /'
+
+probe=$("$BIN/bench-bench_stream" "$W/pk" --mb 2048 --json)
+echo "bench_stream: O_DIRECT probe $probe"
+for b in $BUDGETS; do
+    tr=""
+    [ "${TRACE:-0}" = 1 ] && tr="--trace $W/trace-$b.txt"
+    "$BIN/k3-run" "$W/pk" --ids $IDS --gen "$GEN" --threads 2 --ram "$b" $tr --json >"$W/run-$b.json" 2>"$W/run-$b.err" ||
+        { echo "bench_stream: k3-run --ram $b failed:"; tail -3 "$W/run-$b.err"; continue; }
+    grep 'k3-run:' "$W/run-$b.err" | sed "s/^/[$b] /"
+    /usr/bin/python3 - "$W/run-$b.json" "$probe" "$b" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))["stream"]
+p = json.loads(sys.argv[2])
+d = r["decode"]
+s = d["s_per_token"]
+io = d["trunk_bytes_per_token"] / (p["trunk_gbps"] * 1e9) + d["expert_bytes_per_token"] / (p["experts_gbps"] * 1e9)
+bw = (d["trunk_bytes_per_token"] + d["expert_bytes_per_token"]) / io if io > 0 else 0
+comp = s * (1.0 - d["io_wait_share"])
+lim = max(io, comp)
+print("[%s] decode %.3f s/token | I/O bound %.3f s (%.2f GB/token at %.2f GB/s) | compute bound %.3f s | "
+      "ratio to the larger bound %.2f | hit rate %.1f%% | peak RSS %.3f GiB of %.3f GiB"
+      % (sys.argv[3], s, io, (d["trunk_bytes_per_token"] + d["expert_bytes_per_token"]) / 1e9, bw / 1e9,
+         comp, s / lim if lim > 0 else 0, 100 * d["expert_hit_rate"], r["peak_rss"] / 2**30,
+         r["plan"]["budget"] / 2**30))
+EOF
+    if [ -n "$tr" ]; then
+        "$BIN/bench-bench_stream" --replay "$W/trace-$b.txt" 16 32 64 128 256 512 1024 | sed "s/^/[$b] /"
+    fi
+done
+
+cfg=$(ls "$W"/k3-config.json 2>/dev/null || true)
+if [ -z "$cfg" ]; then
+    "$BIN/k3-synth" "$W/k3cfg" --preset k3 --sparse --no-tokenizer --quiet --force >/dev/null 2>&1 &&
+        cp "$W/k3cfg/config.json" "$W/k3-config.json" && rm -rf "$W/k3cfg" && cfg="$W/k3-config.json"
+fi
+if [ -n "$cfg" ]; then
+    for piece in 0 128M; do
+        for ctx in 4096 1024; do
+            "$BIN/bench-bench_stream" --plan "$cfg" --ctx $ctx --chunk 16 --threads 2 --piece $piece --ram floor |
+                sed 's/^/[K3 plan] /'
+        done
+    done
+fi
+[ "${KEEP:-0}" = 1 ] || rm -rf "$W"
