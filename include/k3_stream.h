@@ -55,7 +55,8 @@ typedef struct k3_stream_opts {
     uint32_t nthreads;        /* compute threads */
     uint64_t extra_bytes;     /* caller's own buffers (logits, ids) to count */
     uint64_t baseline;        /* process RSS before the plan (0: measure now) */
-    uint32_t io_threads;      /* parallel expert reads (0: 4) */
+    uint32_t io_threads;      /* parallel reads (0: 4) */
+    uint64_t io_chunk;        /* trunk reads are split in chunks of this (0: 16 MiB) */
     int trunk_crc;            /* CRC32-check trunk units too (1 by default via k3_stream_opts_init) */
     const char *trace_path;   /* write expert requests here (NULL: no trace) */
     uint64_t piece_bytes;     /* stream the dense MLP and lm_head matrices larger than
@@ -121,6 +122,14 @@ int k3_stream_plan_make(const k3_stream_shape *sh, const k3_cfg *c, const k3_str
  * unit per layer, tensors 64-aligned, unit 4096-aligned), for what-if plans
  * without a packed model. gb must hold num_hidden_layers + 1 entries. */
 void k3_stream_cfg_groups(const k3_cfg *c, uint64_t *gb, uint64_t *embed_row, uint64_t *stride);
+/* The matrices that may be streamed in row pieces, in the order the model
+ * multiplies them within a layer (attention, then MLP; then the head): each
+ * is used once, whole, through k3_model_mm outside parallel regions. MLA
+ * kv_b is not among them (read per head inside a parallel loop). If the
+ * model's order changes, results stay the same (a piece asked out of order
+ * is read again) and the run report's ring drops show it. */
+uint32_t k3_stream_piece_slots(const k3_wslot **slots);
+
 /* The same split as k3_ws_stream_plan makes with pieces of at most piece
  * bytes: ring bytes of each group (cb) and the largest piece region. */
 void k3_stream_cfg_cores(const k3_cfg *c, uint64_t piece, const uint64_t *gb, uint64_t *cb, uint64_t *piece_max);

@@ -15,7 +15,9 @@
  * MXFP4: the group's row of k3_kern_mx_table (e2m1 * 2^(s-127) for all 16
  * nibbles, exactly the ref.c weights) is the vpermps table, so no multiply
  * is needed. At T = 1 (decode-bound) the activations are permuted once per
- * call so that one vpsrlvd per 16 weights suffices (see mx_t1_tile). For
+ * call so that one vpsrlvd per 16 weights suffices (see mx_t1_tile), and
+ * 8-row blocks without a scale-255 group skip the per-group test
+ * (mx_t1_8_clean; K3_MX_T1=checked forces mx_t1_tile). For
  * T > 1 the decode uses vpmultishiftqb (AVX512-VBMI) or vpshufb + vpsrlvd to
  * put the nibbles in element order, and the work runs in panels of rows and
  * chunks of columns with the lanes parked in a stack buffer between chunks
@@ -488,6 +490,98 @@ static void mx_t1_4(const uint8_t *packed, const uint8_t *scales, uint64_t rows,
 static void mx_t1_8(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 8); }
 static void mx_t1_1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *xp, float *Y, uint64_t r, uint64_t r_end) { mx_t1_tile(packed, scales, rows, cols, xp, Y, r, r_end, 1); }
 
+/*
+ * T = 1, a block of 8 rows none of whose groups has scale 255 (the usual
+ * case): the same decode and order as mx_t1_tile, without its per-group test
+ * and with fewer live pointers. mx_t1_offsets first turns the block's scales
+ * into byte offsets of their k3_kern_mx_table rows (off[i * MX_T1_MAX_GROUPS
+ * + g] = 64 * s), so a row-group costs one offset load, the 16-byte load, two
+ * shifts, two lookups and two FMAs, with rows addressed as base + k * stride.
+ * The lanes and their order are exactly those of mx_t1_tile.
+ */
+#define MX_T1_MAX_GROUPS (MX_T1_MAX_COLS / 32)
+
+/* Fills off for rows sc[0..8) (groups scales each); 1 if any scale is 255. */
+static int mx_t1_offsets(const uint8_t *sc, uint64_t groups, uint32_t *off)
+{
+    __mmask16 bad = 0;
+    for (uint64_t i = 0; i < 8; i++)
+        for (uint64_t g = 0; g < groups; g += 16) {
+            __mmask16 m = groups - g >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (groups - g)) - 1);
+            __m128i s = _mm_maskz_loadu_epi8(m, sc + i * groups + g);
+            bad |= _mm_mask_cmpeq_epi8_mask(m, s, _mm_set1_epi8(-1));
+            _mm512_store_si512(off + i * MX_T1_MAX_GROUPS + g,
+                               _mm512_slli_epi32(_mm512_cvtepu8_epi32(s), 6));
+        }
+    return bad != 0;
+}
+
+/* noinline: inlined into avx512_gemm_mx_rows, GCC hoists the eight row
+ * addresses and spills them again. */
+__attribute__((noinline)) static void mx_t1_8_clean(const uint8_t *packed, const uint8_t *scales,
+                                                    uint64_t cols, const uint32_t *off,
+                                                    const float *xp, float *Y, uint64_t r,
+                                                    uint64_t r_end)
+{
+    const __m512i sh_e = _mm512_set_epi32(24, 24, 24, 24, 16, 16, 16, 16, 8, 8, 8, 8, 0, 0, 0, 0);
+    const __m512i sh_o = _mm512_set_epi32(28, 28, 28, 28, 20, 20, 20, 20, 12, 12, 12, 12, 4, 4, 4, 4);
+    const __m512i un_lo = _mm512_set_epi32(29, 13, 25, 9, 21, 5, 17, 1, 28, 12, 24, 8, 20, 4, 16, 0);
+    const __m512i un_hi = _mm512_set_epi32(31, 15, 27, 11, 23, 7, 19, 3, 30, 14, 26, 10, 22, 6, 18, 2);
+    const char *tb = (const char *)k3_kern_mx_table;
+    uint64_t groups = cols / 32, rs = cols / 2, rs3 = 3 * rs;
+    /* the next block, fetched while this one runs (see mx_t1_tile): its
+     * scales now, its packed bytes two lines per group; without a next
+     * block the lines fetched are this block's own (no branch in the loop) */
+    const char *pf_p = (const char *)(packed + r * rs);
+    if (r + 16 <= r_end) {
+        pf_p += 8 * rs;
+        const char *pf_s = (const char *)(scales + (r + 8) * groups);
+        for (uint64_t b = 0; b < 8 * groups; b += 64)
+            _mm_prefetch(pf_s + b, _MM_HINT_T0);
+    }
+    __m512 acc[8][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    const uint8_t *b0 = packed + r * rs, *b4 = b0 + 4 * rs;
+    for (uint64_t g = 0; g < groups; g++) {
+        _mm_prefetch(pf_p + g * 128, _MM_HINT_T0);
+        _mm_prefetch(pf_p + g * 128 + 64, _MM_HINT_T0);
+        __m512 xe = _mm512_load_ps(xp + g * 32), xo = _mm512_load_ps(xp + g * 32 + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            const uint8_t *q = (i < 4 ? b0 : b4) + ((i & 3) == 3 ? rs3 : (uint64_t)(i & 3) * rs);
+            __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q));
+            __m512 tab = _mm512_load_ps((const float *)(tb + off[i * MX_T1_MAX_GROUPS + g]));
+            __m512 we = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, sh_e), tab);
+            __m512 wo = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, sh_o), tab);
+            acc[i][0] = _mm512_fmadd_ps(we, xe, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(wo, xo, acc[i][1]);
+        }
+        b0 += 16;
+        b4 += 16;
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        __m512 lo = _mm512_permutex2var_ps(acc[i][0], un_lo, acc[i][1]);
+        __m512 hi = _mm512_permutex2var_ps(acc[i][0], un_hi, acc[i][1]);
+        Y[r + (uint64_t)i] = fold32(lo, hi);
+    }
+}
+
+/* K3_MX_T1=checked forces mx_t1_tile for every block (tests cover both). */
+static int mx_t1_clean_allowed(void)
+{
+    static int pick; /* 0 unknown, 1 allowed, 2 forced off */
+    int p = __atomic_load_n(&pick, __ATOMIC_ACQUIRE);
+    if (!p) {
+        const char *force = getenv("K3_MX_T1");
+        p = force && !strcmp(force, "checked") ? 2 : 1;
+        __atomic_store_n(&pick, p, __ATOMIC_RELEASE);
+    }
+    return p == 1;
+}
+
 /* xp = x with each group of 32 reordered: 16 even elements then 16 odd ones,
  * element 2*(4*(j%4) + j/4) (+1) at position j. */
 static void mx_t1_permute_x(const float *x, uint64_t cols, float *xp)
@@ -509,9 +603,15 @@ static void avx512_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, ui
     uint64_t r = r0;
     if (T == 1 && cols <= MX_T1_MAX_COLS) {
         _Alignas(64) float xp[MX_T1_MAX_COLS];
+        _Alignas(64) uint32_t off[8 * MX_T1_MAX_GROUPS];
+        int clean = mx_t1_clean_allowed();
         mx_t1_permute_x(X, cols, xp);
-        for (; r + 8 <= r1; r += 8)
-            mx_t1_8(packed, scales, rows, cols, xp, Y, r, r1);
+        for (; r + 8 <= r1; r += 8) {
+            if (clean && !mx_t1_offsets(scales + r * (cols / 32), cols / 32, off))
+                mx_t1_8_clean(packed, scales, cols, off, xp, Y, r, r1);
+            else
+                mx_t1_8(packed, scales, rows, cols, xp, Y, r, r1);
+        }
         for (; r + 4 <= r1; r += 4)
             mx_t1_4(packed, scales, rows, cols, xp, Y, r, r1);
         for (; r < r1; r++)

@@ -168,29 +168,74 @@ void k3_stream_cfg_groups(const k3_cfg *c, uint64_t *gb, uint64_t *embed_row, ui
     *stride = c->num_hidden_layers > c->first_k_dense_replace ? (r + 4095) / 4096 * 4096 : 0;
 }
 
+static const k3_wslot piece_order[] = {
+    K3_W_KDA_Q, K3_W_KDA_K, K3_W_KDA_V, K3_W_KDA_G, K3_W_KDA_B, K3_W_KDA_FA, K3_W_KDA_FB, K3_W_KDA_O,
+    K3_W_MLA_QA, K3_W_MLA_QB, K3_W_MLA_KVA, K3_W_MLA_G, K3_W_MLA_O,
+    K3_W_MLP_GATE, K3_W_MLP_UP, K3_W_MLP_DOWN,
+    K3_W_MOE_ROUTER, K3_W_MOE_LDOWN, K3_W_MOE_SH_GATE, K3_W_MOE_SH_UP, K3_W_MOE_SH_DOWN, K3_W_MOE_LUP,
+    K3_W_LM_HEAD,
+};
+
+uint32_t k3_stream_piece_slots(const k3_wslot **slots)
+{
+    *slots = piece_order;
+    return (uint32_t)(sizeof piece_order / sizeof piece_order[0]);
+}
+
+/* rows x cols of a BF16 matrix slot in layer L (0 if absent there) */
+static void mat_shape(const k3_cfg *c, uint32_t L, k3_wslot s, uint64_t *rows, uint64_t *cols)
+{
+    const uint64_t E = c->hidden_size, P = (uint64_t)c->kda_num_heads * c->kda_head_dim, D = c->kda_head_dim;
+    const uint64_t H = c->kda_num_heads, MH = c->num_attention_heads, VD = c->v_head_dim;
+    const uint64_t QK = (uint64_t)c->qk_nope_head_dim + c->qk_rope_head_dim;
+    const uint64_t IS = (uint64_t)c->moe_intermediate_size * c->num_shared_experts, LAT = c->routed_expert_hidden_size;
+    const int head = L == c->num_hidden_layers;
+    const int mla = !head && k3_cfg_layer_is_mla(c, L), dense = !head && k3_cfg_layer_is_dense(c, L);
+    *rows = *cols = 0;
+    if (head) {
+        if (s == K3_W_LM_HEAD) { *rows = c->vocab_size; *cols = E; }
+        return;
+    }
+    switch (s) {
+    case K3_W_KDA_Q: case K3_W_KDA_K: case K3_W_KDA_V: case K3_W_KDA_G:
+        if (!mla) { *rows = P; *cols = E; } break;
+    case K3_W_KDA_O: if (!mla) { *rows = E; *cols = P; } break;
+    case K3_W_KDA_B: if (!mla) { *rows = H; *cols = E; } break;
+    case K3_W_KDA_FA: if (!mla) { *rows = D; *cols = E; } break;
+    case K3_W_KDA_FB: if (!mla) { *rows = P; *cols = D; } break;
+    case K3_W_MLA_QA: if (mla) { *rows = c->q_lora_rank; *cols = E; } break;
+    case K3_W_MLA_QB: if (mla) { *rows = MH * QK; *cols = c->q_lora_rank; } break;
+    case K3_W_MLA_KVA: if (mla) { *rows = (uint64_t)c->kv_lora_rank + c->qk_rope_head_dim; *cols = E; } break;
+    case K3_W_MLA_G: if (mla && c->mla_use_output_gate) { *rows = MH * VD; *cols = E; } break;
+    case K3_W_MLA_O: if (mla) { *rows = E; *cols = MH * VD; } break;
+    case K3_W_MLP_GATE: case K3_W_MLP_UP: if (dense) { *rows = c->intermediate_size; *cols = E; } break;
+    case K3_W_MLP_DOWN: if (dense) { *rows = E; *cols = c->intermediate_size; } break;
+    case K3_W_MOE_ROUTER: if (!dense) { *rows = c->num_experts; *cols = E; } break;
+    case K3_W_MOE_LDOWN: if (!dense) { *rows = LAT; *cols = E; } break;
+    case K3_W_MOE_LUP: if (!dense) { *rows = E; *cols = LAT; } break;
+    case K3_W_MOE_SH_GATE: case K3_W_MOE_SH_UP: if (!dense && IS) { *rows = IS; *cols = E; } break;
+    case K3_W_MOE_SH_DOWN: if (!dense && IS) { *rows = E; *cols = IS; } break;
+    default: break;
+    }
+}
+
 void k3_stream_cfg_cores(const k3_cfg *c, uint64_t piece, const uint64_t *gb, uint64_t *cb, uint64_t *piece_max)
 {
-    const uint64_t E = c->hidden_size, IDN = c->intermediate_size, V = c->vocab_size;
     *piece_max = 0;
     for (uint32_t L = 0; L <= c->num_hidden_layers; L++) {
         cb[L] = gb[L];
-        uint64_t rowb[3] = {0, 0, 0}, nb[3] = {0, 0, 0};
-        int n = 0;
-        if (L == c->num_hidden_layers) {
-            rowb[n] = E * 2; nb[n++] = V * E * 2;
-        } else if (k3_cfg_layer_is_dense(c, L)) {
-            rowb[n] = E * 2; nb[n++] = IDN * E * 2;
-            rowb[n] = E * 2; nb[n++] = IDN * E * 2;
-            rowb[n] = IDN * 2; nb[n++] = E * IDN * 2;
+        for (size_t i = 0; i < sizeof piece_order / sizeof piece_order[0] && piece; i++) {
+            uint64_t rows, cols;
+            mat_shape(c, L, piece_order[i], &rows, &cols);
+            const uint64_t rowb = cols * 2, nb = rows * rowb;
+            if (!nb || nb <= piece)
+                continue;
+            cb[L] -= nb;
+            uint64_t r = piece / rowb ? piece / rowb : 1;
+            uint64_t pr = (r * rowb + 4095) / 4096 * 4096 + 4096;
+            if (pr > *piece_max)
+                *piece_max = pr;
         }
-        for (int i = 0; i < n && piece; i++)
-            if (nb[i] > piece) {
-                cb[L] -= nb[i];
-                uint64_t rows = piece / rowb[i] ? piece / rowb[i] : 1;
-                uint64_t pr = (rows * rowb[i] + 4095) / 4096 * 4096 + 4096;
-                if (pr > *piece_max)
-                    *piece_max = pr;
-            }
         cb[L] = (cb[L] + 4095) / 4096 * 4096 + 4096 * 4;   /* segments widened at both ends */
         if (cb[L] > gb[L])
             cb[L] = gb[L];

@@ -40,12 +40,12 @@
 #include "k3_ws.h"
 
 #define RING_Q 64
-#define TCHUNK (16ull << 20)   /* trunk units are read in chunks of this by the I/O threads */
+#define TCHUNK (w->tchunk)     /* trunk reads are split in chunks of this over the I/O threads */
 
 enum { R_READING = 1, R_READY, R_INUSE, R_ERROR };
 enum { X_EMPTY = 0, X_LOADING, X_READY, X_ERROR };
 
-#define MAX_LAZY 4
+#define MAX_LAZY 16
 
 /* An exact byte range of a unit; a unit's parts tile it in offset order. */
 typedef struct part {
@@ -82,6 +82,7 @@ typedef struct grp {
     uint8_t *unit_done;        /* per unit: checked in this pass */
     uint64_t core;             /* core region bytes */
     uint64_t crel[K3_W_COUNT]; /* offset of each core tensor in the core region */
+    uint8_t cok[K3_W_COUNT];   /* crel is set (a tensor of this layer's kind, in the core) */
 } grp;
 
 typedef struct rent {
@@ -104,6 +105,7 @@ typedef struct item {
 
 /* One chunk of a read spread over the I/O threads. */
 typedef struct tchunk {
+    uint64_t ca, cb;           /* the CRC covers file bytes [ca, cb) of the chunk (all of it if ca == cb == 0) */
     uint32_t unit, file;
     uint64_t off, n;           /* in the file */
     uint8_t *dst;
@@ -134,6 +136,7 @@ typedef struct ws_stream {
     uint64_t bounce_cap;
     const k3_pk_expert_layout *lay;
     int started, planned, trunk_crc;
+    uint64_t tchunk;           /* k3_stream_opts.io_chunk (16 MiB by default) */
     k3_stream_plan plan;
     /* arenas */
     uint8_t *pin_arena, *ring, *xarena;
@@ -163,6 +166,7 @@ typedef struct ws_stream {
     uint32_t nio, io_on;
     xslot *xs;
     uint32_t nslots;
+    int cyclic;                /* replacement by layer distance (find_victim) */
     uint32_t *xmap;            /* NL x NE -> slot + 1 */
     uint32_t *jobs, jh, jn;
     uint32_t *held, nheld;     /* refs of the current batch */
@@ -258,6 +262,7 @@ static int read_group_par(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_er
             c->off = u->offset + o;
             c->n = u->nbytes - o < TCHUNK ? u->nbytes - o : TCHUNK;
             c->dst = dst + G->unit_rel[i] + o;
+            c->ca = c->cb = 0;
             c->crc = 0;
             c->rc = crc;   /* in: 1 = compute the CRC */
             k3_err_clear(&c->err);
@@ -320,10 +325,19 @@ static int read_group(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_err *e
 
 /* Read [off, off + n) of a file (4096-aligned) into dst, in chunks over the
  * I/O threads, without CRC (the caller checks exact ranges). */
-static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint8_t *dst, k3_err *e)
+/* Read [off, off + n) of a file (4096-aligned) into dst, in chunks over the
+ * I/O threads; with crc, *crc is the CRC32 of the exact bytes [a, b) inside
+ * it (each chunk CRCs its share where it is read, folded in order). */
+static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint8_t *dst, uint64_t a, uint64_t b,
+                     uint32_t *crc, k3_err *e)
 {
-    if (!w->threads_on || !w->tc)
-        return k3_pk_read(w->pk, file, dst, n, off, NULL, 0, e);
+    if (!w->threads_on || !w->tc) {
+        int rc = k3_pk_read(w->pk, file, dst, n, off, NULL, 0, e);
+        if (rc == 0 && crc)
+            *crc = (uint32_t)crc32(0, dst + (a - off), (uInt)(b - a));
+        return rc;
+    }
+    uLong fold = crc32(0, NULL, 0);
     for (uint64_t done = 0; done < n;) {
         pthread_mutex_lock(&w->x_mu);
         uint32_t k = 0;
@@ -334,7 +348,12 @@ static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint
             c->off = off + done;
             c->n = n - done < TCHUNK ? n - done : TCHUNK;
             c->dst = dst + done;
-            c->rc = 0;
+            c->ca = c->off > a ? c->off : a;
+            c->cb = c->off + c->n < b ? c->off + c->n : b;
+            c->rc = crc && c->cb > c->ca;   /* in: compute the CRC of [ca, cb) */
+            if (!c->rc)
+                c->ca = c->cb = 0;
+            c->crc = 0;
             k3_err_clear(&c->err);
             done += c->n;
         }
@@ -354,7 +373,12 @@ static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint
                 }
                 return w->tc[i].rc;
             }
+        for (uint32_t i = 0; crc && i < k; i++)
+            if (w->tc[i].cb > w->tc[i].ca)
+                fold = crc32_combine(fold, w->tc[i].crc, (z_off_t)(w->tc[i].cb - w->tc[i].ca));
     }
+    if (crc)
+        *crc = (uint32_t)fold;
     return 0;
 }
 
@@ -389,18 +413,6 @@ static int check_units(ws_stream *w, uint32_t g, k3_err *e)
     return 0;
 }
 
-static uint32_t crc_of(const uint8_t *p, uint64_t n)
-{
-    uLong v = crc32(0, NULL, 0);
-    while (n) {
-        uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        v = crc32(v, p, k);
-        p += k;
-        n -= k;
-    }
-    return (uint32_t)v;
-}
-
 /* The core of a group with streamed matrices: its segments, each read
  * widened to 4096 and CRC'd over its exact range. Starts a CRC pass. */
 static int read_core(ws_stream *w, uint32_t g, uint8_t *dst, k3_err *e)
@@ -412,15 +424,15 @@ static int read_core(ws_stream *w, uint32_t g, uint8_t *dst, k3_err *e)
     for (uint32_t k = 0; k < G->nsegs; k++) {
         const seg *S = &G->segs[k];
         uint64_t a4 = S->a / 4096 * 4096, b4 = (S->b + 4095) / 4096 * 4096;
-        int rc = read_span(w, S->file, a4, b4 - a4, dst + S->pos, e);
+        uint32_t v = 0;
+        int rc = read_span(w, S->file, a4, b4 - a4, dst + S->pos, S->a, S->b, w->trunk_crc ? &v : NULL, e);
         if (rc < 0) {
             char name[48], what[64];
             group_name(w, g, name, sizeof name);
             snprintf(what, sizeof what, "trunk of %s", name);
             return err_wrap(e, rc, what);
         }
-        if (w->trunk_crc)
-            G->parts[S->part].crc = crc_of(dst + S->pos + (S->a - a4), S->b - S->a);
+        G->parts[S->part].crc = v;
         G->parts[S->part].have = 1;
     }
     return check_units(w, g, e);
@@ -449,7 +461,8 @@ static int read_piece(ws_stream *w, uint32_t g, uint32_t j, uint32_t c, uint8_t 
     piece_range(G, j, c, &a, &b);
     uint64_t a4 = a / 4096 * 4096, b4 = (b + 4095) / 4096 * 4096;
     *skip = a - a4;
-    int rc = read_span(w, G->lz[j].file, a4, b4 - a4, dst, e);
+    uint32_t v = 0;
+    int rc = read_span(w, G->lz[j].file, a4, b4 - a4, dst, a, b, w->trunk_crc ? &v : NULL, e);
     if (rc < 0) {
         char name[48], what[96];
         group_name(w, g, name, sizeof name);
@@ -458,8 +471,7 @@ static int read_piece(ws_stream *w, uint32_t g, uint32_t j, uint32_t c, uint8_t 
         return err_wrap(e, rc, what);
     }
     part *P = &G->parts[G->lz[j].part0 + c];
-    if (w->trunk_crc)
-        P->crc = crc_of(dst + *skip, b - a);
+    P->crc = v;
     P->have = 1;
     return check_units(w, g, e);
 }
@@ -549,7 +561,7 @@ static void fill_views(ws_stream *w, uint32_t g, const uint8_t *region, int core
     const grp *G = &w->grp[g];
     for (int s = 0; s < K3_W_COUNT; s++) {
         w->cur[s] = t[s];
-        w->cur[s].data = t[s].ndim ? region + (core ? G->crel[s] : G->rel[s]) : NULL;
+        w->cur[s].data = !t[s].ndim ? NULL : !core ? region + G->rel[s] : G->cok[s] ? region + G->crel[s] : NULL;
     }
     if (core)
         for (uint32_t j = 0; j < G->nlz; j++) {
@@ -775,8 +787,10 @@ static void *io_main(void *arg)
             int want_crc = c->rc;
             pthread_mutex_unlock(&w->x_mu);
             c->rc = k3_pk_read(w->pk, c->file, c->dst, c->n, c->off, NULL, 0, &c->err);
-            if (c->rc == 0 && want_crc)
-                c->crc = (uint32_t)crc32(0, c->dst, (uInt)c->n);
+            if (c->rc == 0 && want_crc) {
+                uint64_t a = c->cb > c->ca ? c->ca : c->off, b = c->cb > c->ca ? c->cb : c->off + c->n;
+                c->crc = (uint32_t)crc32(0, c->dst + (a - c->off), (uInt)(b - a));
+            }
             pthread_mutex_lock(&w->x_mu);
             if (++w->tc_done == w->tc_n)
                 pthread_cond_broadcast(&w->tc_cv);
@@ -814,17 +828,34 @@ static void *io_main(void *arg)
     return NULL;
 }
 
-static int find_victim(ws_stream *w)
+/* How many MoE layers after `layer` the model next serves layer l (0: the
+ * next one; n_moe - 1: l == layer, a whole token away). */
+static uint32_t cyc_dist(const ws_stream *w, uint32_t l, uint32_t layer)
+{
+    const uint32_t f = w->base.cfg.first_k_dense_replace, n = w->base.cfg.num_hidden_layers - f;
+    return ((l - f) + n - (layer - f) - 1) % n;
+}
+
+/* Replacement: when the cache holds less than one token's experts (MoE
+ * layers x top-k), LRU would evict exactly what comes back first (the layers
+ * come round in a fixed cycle): then the record whose layer comes back last
+ * goes first, LRU among equals. Otherwise LRU. Both measured on traces with
+ * bench-bench_stream --replay (runtime/STREAM.md). */
+static int find_victim(ws_stream *w, uint32_t layer)
 {
     int best = -1;
+    uint32_t bd = 0;
     for (uint32_t s = 0; s < w->nslots; s++) {
         const xslot *x = &w->xs[s];
         if (x->ref > 0 || x->state == X_LOADING)
             continue;
         if (x->state == X_EMPTY)
             return (int)s;
-        if (best < 0 || x->tick < w->xs[best].tick)
+        uint32_t d = w->cyclic ? cyc_dist(w, x->layer, layer) : 0;
+        if (best < 0 || d > bd || (d == bd && x->tick < w->xs[best].tick)) {
             best = (int)s;
+            bd = d;
+        }
     }
     return best;
 }
@@ -869,7 +900,7 @@ static int take(ws_stream *w, uint32_t layer, uint32_t expert, int count)
             fprintf(w->trace, "%llu %u %u H\n", (unsigned long long)w->st.forwards, layer, expert);
         return s;
     }
-    s = find_victim(w);
+    s = find_victim(w, layer);
     if (s < 0)
         return -1;
     xslot *x = &w->xs[s];
@@ -899,14 +930,20 @@ static void st_experts_prefetch(k3_ws *ws, uint32_t layer, const uint32_t *ids, 
         for (uint32_t i = 0; i < w->npf; i++)
             w->xs[w->pf[i]].ref--;
         w->npf = 0;
-        for (uint32_t i = 0; i < n && i < w->nslots; i++) {
-            if (ids[i] >= ws->cfg.num_experts)
-                break;
-            int s = take(w, layer, ids[i], 1);
-            if (s < 0)
-                break;
-            w->pf[w->npf++] = (uint32_t)s;
-        }
+        /* hits first, so that a miss never evicts a record this batch wants */
+        const uint32_t m = n < w->nslots ? n : w->nslots;
+        for (int pass = 0; pass < 2; pass++)
+            for (uint32_t i = 0; i < m; i++) {
+                if (ids[i] >= ws->cfg.num_experts)
+                    continue;
+                int present = w->xmap[(uint64_t)layer * ws->cfg.num_experts + ids[i]] != 0;
+                if (present != (pass == 0))
+                    continue;
+                int s = take(w, layer, ids[i], 1);
+                if (s < 0)
+                    break;
+                w->pf[w->npf++] = (uint32_t)s;
+            }
         flush_misses(w);
     }
     pthread_mutex_unlock(&w->x_mu);
@@ -955,6 +992,9 @@ static int st_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_t *ids, ui
         }
         w->held[i] = got < 0 ? UINT32_MAX : (uint32_t)got;
     }
+    for (uint32_t i = 0; i < n; i++)   /* hits first (see experts_prefetch) */
+        if (w->held[i] == UINT32_MAX && w->xmap[(uint64_t)layer * ws->cfg.num_experts + ids[i]])
+            w->held[i] = (uint32_t)take(w, layer, ids[i], 1);
     for (uint32_t i = 0; i < n;) {
         if (w->held[i] != UINT32_MAX) {
             i++;
@@ -1222,14 +1262,6 @@ void k3_ws_stream_stats(const k3_ws *ws, k3_stream_stats *st)
     }
 }
 
-/* The matrices that may be streamed in pieces: used once, whole, in this
- * order (enum order = the model's order within a layer) and never inside a
- * parallel region. */
-static int lazy_slot(k3_wslot s)
-{
-    return s == K3_W_MLP_GATE || s == K3_W_MLP_UP || s == K3_W_MLP_DOWN || s == K3_W_LM_HEAD;
-}
-
 /* Split group g into a core and pieces of at most piece bytes for every
  * lazy-capable matrix larger than that (none if piece == 0). */
 static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
@@ -1238,10 +1270,18 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
     G->nlz = 0;
     char name[512];
     const uint32_t NL = w->base.cfg.num_hidden_layers;
-    /* pick the streamed matrices, in slot order */
-    for (int s = 0; s < K3_W_COUNT && piece; s++) {
+    /* pick the streamed matrices, in the model's order (k3_stream_piece_slots) */
+    const k3_wslot *order;
+    const uint32_t norder = k3_stream_piece_slots(&order);
+    for (uint32_t oi = 0; oi < norder && piece; oi++) {
+        const int s = (int)order[oi];
         const k3_view *t = &w->tmpl[(uint64_t)g * K3_W_COUNT + s];
-        if (!lazy_slot((k3_wslot)s) || t->ndim != 2)
+        /* KDA and MLA share upstream names (self_attn.o_proj, g_proj): only
+         * the slots of this layer's kind */
+        int mine = g == NL ? k3_wslot_in_head((k3_wslot)s)
+                           : k3_wslot_in_layer((k3_wslot)s, k3_cfg_layer_is_mla(&w->base.cfg, g),
+                                               k3_cfg_layer_is_dense(&w->base.cfg, g));
+        if (t->ndim != 2 || !mine)
             continue;
         if (g == NL)
             snprintf(name, sizeof name, "language_model.%s", k3_wslot_name((k3_wslot)s));
@@ -1249,6 +1289,11 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
             snprintf(name, sizeof name, "language_model.model.layers.%u.%s", g, k3_wslot_name((k3_wslot)s));
         const k3_pk_tensor *pt = k3_pk_tensor_find(w->pk, name);
         if (!pt || pt->npieces != 1 || pt->nbytes <= piece || G->nlz == MAX_LAZY)
+            continue;
+        int dup = 0;
+        for (uint32_t j = 0; j < G->nlz; j++)
+            dup |= G->lz[j].off == pt->pieces[0].offset;
+        if (dup)
             continue;
         lazyt *L = &G->lz[G->nlz++];
         L->slot = (uint32_t)s;
@@ -1314,7 +1359,10 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
     /* core tensors: where they landed */
     for (int s = 0; s < K3_W_COUNT; s++) {
         const k3_view *t = &w->tmpl[(uint64_t)g * K3_W_COUNT + s];
-        if (!t->ndim)
+        int mine = g == NL ? k3_wslot_in_head((k3_wslot)s)
+                           : k3_wslot_in_layer((k3_wslot)s, k3_cfg_layer_is_mla(&w->base.cfg, g),
+                                               k3_cfg_layer_is_dense(&w->base.cfg, g));
+        if (!t->ndim || !mine)
             continue;
         int lz = 0;
         for (uint32_t j = 0; j < G->nlz; j++)
@@ -1331,6 +1379,7 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
         for (uint32_t k = 0; k < G->nsegs && !found; k++)
             if (off >= G->segs[k].a && off + pt->nbytes <= G->segs[k].b) {
                 G->crel[s] = G->segs[k].pos + (off - G->segs[k].a / 4096 * 4096);
+                G->cok[s] = 1;
                 found = 1;
             }
         if (!found)
@@ -1413,6 +1462,7 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
                 for (uint32_t k = 0; k < w->grp[g].lz[j].nchunks; k++)
                     w->order[w->norder++] = (item){g, (int32_t)j, k};
         }
+    w->tchunk = o->io_chunk ? (o->io_chunk + 4095) / 4096 * 4096 : 16ull << 20;
     w->nio = o->io_threads ? o->io_threads : 4;
     if (w->nio > 64)
         w->nio = 64;
@@ -1429,6 +1479,8 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
         return k3_err_set(e, K3_ENOMEM, "out of memory");
     if (w->lay) {
         w->nslots = p->expert_slots;
+        w->cyclic = (uint64_t)w->nslots <
+                    (uint64_t)(c->num_hidden_layers - c->first_k_dense_replace) * c->num_experts_per_token;
         w->xs = calloc(w->nslots, sizeof *w->xs);
         w->xmap = calloc((uint64_t)c->num_hidden_layers * c->num_experts, sizeof *w->xmap);
         w->jobs = calloc(w->nslots, sizeof *w->jobs);

@@ -388,6 +388,66 @@ K3_TEST(kern_mx_avx512_shuffle_decode_bit_identical_to_scalar)
             return;
 }
 
+/* T = 1 on avx512 runs 8-row blocks without a scale-255 group through a loop
+ * of its own (mx_t1_8_clean): scales here avoid 255 except where planted, so
+ * that loop, its fallback for blocks with a 255, and the 4- and 1-row tails
+ * all meet hostile scales (0 = subnormal weights, 254 = infinite ones) and
+ * hostile activations. */
+static int mx_t1_case(uint64_t rows, uint64_t cols, int plant255)
+{
+    uint64_t groups = cols / 32;
+    uint8_t *p = malloc(rows * cols / 2), *s = malloc(rows * groups);
+    float *X = malloc(cols * sizeof *X), *Y0 = malloc(rows * sizeof *Y0), *Y1 = malloc(rows * sizeof *Y1);
+    for (uint64_t i = 0; i < rows * cols / 2; i++)
+        p[i] = (uint8_t)rnd();
+    for (uint64_t i = 0; i < rows * groups; i++) {
+        switch (rnd() % 16) {
+        case 0: s[i] = 0; break;
+        case 1: s[i] = 254; break;
+        case 2: s[i] = (uint8_t)(rnd() % 255); break;
+        default: s[i] = (uint8_t)(118 + rnd() % 14);
+        }
+    }
+    if (plant255)
+        s[(rnd() % rows) * groups + rnd() % groups] = 255;
+    fill_x(X, cols);
+    k3_kern_path_scalar.gemm_mx_rows(p, s, rows, cols, X, 1, Y0, 0, rows);
+    memset(Y1, 0xff, rows * sizeof *Y1);
+    k3_kern_path_find("avx512")->gemm_mx_rows(p, s, rows, cols, X, 1, Y1, 0, rows);
+    long d = first_diff(Y0, Y1, rows);
+    if (d >= 0)
+        k3t_fail(__FILE__, __LINE__, "avx512 mx T=1 %llux%llu%s: Y[%ld] %a != scalar %a",
+                 (unsigned long long)rows, (unsigned long long)cols, plant255 ? " (one 255)" : "",
+                 d, Y1[d], Y0[d]);
+    free(p), free(s), free(X), free(Y0), free(Y1);
+    return d >= 0;
+}
+
+static void mx_t1_blocks_match_scalar(void)
+{
+    static const uint64_t gs[] = {1, 2, 15, 16, 17, 96, 112, 255, 256, 257};
+    for (size_t k = 0; k < sizeof gs / sizeof *gs; k++)
+        for (int rep = 0; rep < 4; rep++) {
+            uint64_t rows = rep == 0 ? 8 : rep == 1 ? 16 : 8 + rnd() % 21;
+            if (mx_t1_case(rows, 32 * gs[k], rep == 3))
+                return;
+        }
+}
+
+K3_TEST(kern_mx_avx512_t1_blocks_bit_identical_to_scalar)
+{
+    if (k3_kern_supported("avx512"))
+        mx_t1_blocks_match_scalar();
+}
+
+K3_TEST(kern_mx_avx512_t1_checked_loop_forced_bit_identical_to_scalar)
+{
+    if (!k3_kern_supported("avx512"))
+        return;
+    setenv("K3_MX_T1", "checked", 1);
+    mx_t1_blocks_match_scalar();
+}
+
 /* The scalar contract itself against an independent double-precision dot
  * product from dequantized / widened weights: close, and a decoder with the
  * nibbles swapped is not. */
