@@ -22,6 +22,7 @@
 #define K3_MAN_MAX_FILES   65536u
 #define K3_MAN_MAX_ITEMS   (16u << 20)
 #define K3_MAN_MAX_FNAME   255u
+#define K3_MAN_MAX_IDX_BYTES (256u << 20)  /* experts.idx: 16M records; K3 needs 1.3 MB */
 #define K3_MAN_IDX_MAGIC   "K3EXIDX1"
 #define K3_MAN_IDX_HEADER  64u
 #define K3_MAN_IDX_ENTRY   16u

@@ -140,6 +140,11 @@ int k3_pk_open(k3_pk **out, const char *dir, unsigned flags, k3_err *e)
     }
     if (m->has_experts) {
         const k3_pk_file *f = &m->files[m->expert_index_file];
+        if (f->size > K3_MAN_MAX_IDX_BYTES) {
+            rc = k3_err_set(e, K3_ELIMIT, "%s: %" PRIu64 " bytes is larger than the %u-byte limit", f->path,
+                            f->size, K3_MAN_MAX_IDX_BYTES);
+            goto fail;
+        }
         uint8_t *buf = malloc((size_t)f->size);
         if (!buf) {
             rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", f->path);
