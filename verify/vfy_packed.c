@@ -135,6 +135,19 @@ static void check_provenance(k3_vfy *v, pstate *s)
             k3_vfy_problem(v, "manifest.json", "provenance: shard %s: converted from bytes whose SHA-256 differs "
                            "from the sums file (another checkpoint, or a corrupted download)", m->src_shards[i].name);
     }
+    /* the small source files (config, index, tokenizer) were hashed as read:
+     * with --sums, each one the sums file lists must match it. One it does not
+     * list is not a problem (as for an upstream directory, where only shards
+     * must be listed): publishers' lists often cover the large files only. */
+    for (uint32_t i = 0; v->sums && i < m->nsrc_files; i++) {
+        k3_vfy_sum *sum = k3_vfy_sums_find(v, m->src_files[i].name);
+        if (!sum)
+            continue;
+        sum->seen = 1;
+        if (memcmp(sum->sha256, m->src_files[i].sha256, 32))
+            k3_vfy_problem(v, "manifest.json", "provenance: source file %s: read as bytes whose SHA-256 differs "
+                           "from the sums file (a corrupted download or read)", m->src_files[i].name);
+    }
     /* tokenizer files are copied byte for byte: they must be what the source had */
     for (uint32_t i = 0; i < m->nfiles; i++) {
         if (m->files[i].kind != K3_PK_FILE_TOKENIZER)
