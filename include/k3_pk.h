@@ -139,6 +139,9 @@ const char *k3_pk_dir(const k3_pk *pk);
  * the packed model has none. */
 const char *k3_pk_tokenizer_dir(const k3_pk *pk);
 const char *k3_pk_tokenizer_file(const k3_pk *pk, const char *name);
+/* The SHA-256 the manifest records for that tokenizer file (32 bytes,
+ * borrowed), NULL if the packed model has no such file. */
+const uint8_t *k3_pk_tokenizer_sha256(const k3_pk *pk, const char *name);
 
 /* Data files. */
 uint32_t k3_pk_file_count(const k3_pk *pk);

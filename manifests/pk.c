@@ -200,6 +200,14 @@ const char *k3_pk_tokenizer_file(const k3_pk *pk, const char *name)
     return NULL;
 }
 
+const uint8_t *k3_pk_tokenizer_sha256(const k3_pk *pk, const char *name)
+{
+    for (uint32_t i = 0; i < pk->man.nfiles; i++)
+        if (pk->man.files[i].kind == K3_PK_FILE_TOKENIZER && !strcmp(pk->man.files[i].name, name))
+            return pk->man.files[i].sha256;
+    return NULL;
+}
+
 uint32_t k3_pk_file_count(const k3_pk *pk) { return pk->man.nfiles; }
 
 const k3_pk_file *k3_pk_file_at(const k3_pk *pk, uint32_t i)

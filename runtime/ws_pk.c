@@ -274,6 +274,8 @@ int k3_ws_pk_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)
     w->base.cfg = *k3_pk_cfg(w->pk);
     if (k3_pk_tokenizer_file(w->pk, "tiktoken.model"))
         snprintf(w->base.tok_dir, sizeof w->base.tok_dir, "%s", k3_pk_tokenizer_dir(w->pk));
+    w->base.tok_sha256[0] = k3_pk_tokenizer_sha256(w->pk, "tiktoken.model");
+    w->base.tok_sha256[1] = k3_pk_tokenizer_sha256(w->pk, "tokenizer_config.json");
     const k3_cfg *c = &w->base.cfg;
     const uint32_t NL = c->num_hidden_layers;
     w->ng = NL + 1;
