@@ -114,9 +114,24 @@ typedef struct req {
     uint32_t next;   /* index of the next request of the same key (UINT32_MAX: none) */
 } req;
 
-/* Hit count of one policy: 0 LRU, 1 LFU, 2 MIN. O(n * slots), fine for traces. */
+/* Layers come round in a fixed cycle: the record whose layer comes back last
+ * (counting from the layer being served) is evicted first; LRU among equals.
+ * What k3-run does (ws_stream.c find_victim). */
+static uint32_t cyc_dist(uint32_t key_layer, uint32_t cur_layer, uint32_t lmin, uint32_t nl)
+{
+    return (key_layer + nl - cur_layer - 1) % nl + 0 * lmin;   /* 0: next layer ... nl-1: this layer */
+}
+
+/* Hit count of one policy: 0 LRU, 1 LFU, 2 MIN, 3 cyclic. O(n * slots), fine for traces. */
 static uint64_t simulate(const req *r, uint32_t n, uint32_t slots, int policy)
 {
+    uint32_t lmin = UINT32_MAX, lmax = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t l = r[i].key >> 16;
+        lmin = l < lmin ? l : lmin;
+        lmax = l > lmax ? l : lmax;
+    }
+    const uint32_t nl = n ? lmax + 1 : 1;
     uint32_t *key = calloc(slots, sizeof *key);
     uint64_t *last = calloc(slots, sizeof *last), *freq = calloc(slots, sizeof *freq), *nxt = calloc(slots, sizeof *nxt);
     uint32_t used = 0;
@@ -135,9 +150,12 @@ static uint64_t simulate(const req *r, uint32_t n, uint32_t slots, int policy)
         } else {
             s = 0;
             for (uint32_t k = 1; k < used; k++) {
+                uint32_t cur = r[i].key >> 16;
+                uint32_t dk = cyc_dist(key[k] >> 16, cur, lmin, nl), ds = cyc_dist(key[s] >> 16, cur, lmin, nl);
                 int better = policy == 0 ? last[k] < last[s]
                            : policy == 1 ? (freq[k] < freq[s] || (freq[k] == freq[s] && last[k] < last[s]))
-                                         : nxt[k] > nxt[s];
+                           : policy == 2 ? nxt[k] > nxt[s]
+                                         : (dk > ds || (dk == ds && last[k] < last[s]));
                 if (better)
                     s = k;
             }
@@ -202,9 +220,9 @@ static int replay_main(int argc, char **argv)
         uint32_t slots = (uint32_t)strtoul(argv[i], NULL, 10);
         if (!slots)
             continue;
-        printf("  %5u slots: LRU %5.1f%%  LFU %5.1f%%  MIN (offline bound) %5.1f%%\n", slots,
+        printf("  %5u slots: LRU %5.1f%%  LFU %5.1f%%  cyclic %5.1f%%  MIN (offline bound) %5.1f%%\n", slots,
                100.0 * simulate(r, n, slots, 0) / (n ? n : 1), 100.0 * simulate(r, n, slots, 1) / (n ? n : 1),
-               100.0 * simulate(r, n, slots, 2) / (n ? n : 1));
+               100.0 * simulate(r, n, slots, 3) / (n ? n : 1), 100.0 * simulate(r, n, slots, 2) / (n ? n : 1));
     }
     free(r);
     return 0;

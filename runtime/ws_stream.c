@@ -166,6 +166,7 @@ typedef struct ws_stream {
     uint32_t nio, io_on;
     xslot *xs;
     uint32_t nslots;
+    int cyclic;                /* replacement by layer distance (find_victim) */
     uint32_t *xmap;            /* NL x NE -> slot + 1 */
     uint32_t *jobs, jh, jn;
     uint32_t *held, nheld;     /* refs of the current batch */
@@ -827,17 +828,34 @@ static void *io_main(void *arg)
     return NULL;
 }
 
-static int find_victim(ws_stream *w)
+/* How many MoE layers after `layer` the model next serves layer l (0: the
+ * next one; n_moe - 1: l == layer, a whole token away). */
+static uint32_t cyc_dist(const ws_stream *w, uint32_t l, uint32_t layer)
+{
+    const uint32_t f = w->base.cfg.first_k_dense_replace, n = w->base.cfg.num_hidden_layers - f;
+    return ((l - f) + n - (layer - f) - 1) % n;
+}
+
+/* Replacement: when the cache holds less than one token's experts (MoE
+ * layers x top-k), LRU would evict exactly what comes back first (the layers
+ * come round in a fixed cycle): then the record whose layer comes back last
+ * goes first, LRU among equals. Otherwise LRU. Both measured on traces with
+ * bench-bench_stream --replay (runtime/STREAM.md). */
+static int find_victim(ws_stream *w, uint32_t layer)
 {
     int best = -1;
+    uint32_t bd = 0;
     for (uint32_t s = 0; s < w->nslots; s++) {
         const xslot *x = &w->xs[s];
         if (x->ref > 0 || x->state == X_LOADING)
             continue;
         if (x->state == X_EMPTY)
             return (int)s;
-        if (best < 0 || x->tick < w->xs[best].tick)
+        uint32_t d = w->cyclic ? cyc_dist(w, x->layer, layer) : 0;
+        if (best < 0 || d > bd || (d == bd && x->tick < w->xs[best].tick)) {
             best = (int)s;
+            bd = d;
+        }
     }
     return best;
 }
@@ -882,7 +900,7 @@ static int take(ws_stream *w, uint32_t layer, uint32_t expert, int count)
             fprintf(w->trace, "%llu %u %u H\n", (unsigned long long)w->st.forwards, layer, expert);
         return s;
     }
-    s = find_victim(w);
+    s = find_victim(w, layer);
     if (s < 0)
         return -1;
     xslot *x = &w->xs[s];
@@ -912,14 +930,20 @@ static void st_experts_prefetch(k3_ws *ws, uint32_t layer, const uint32_t *ids, 
         for (uint32_t i = 0; i < w->npf; i++)
             w->xs[w->pf[i]].ref--;
         w->npf = 0;
-        for (uint32_t i = 0; i < n && i < w->nslots; i++) {
-            if (ids[i] >= ws->cfg.num_experts)
-                break;
-            int s = take(w, layer, ids[i], 1);
-            if (s < 0)
-                break;
-            w->pf[w->npf++] = (uint32_t)s;
-        }
+        /* hits first, so that a miss never evicts a record this batch wants */
+        const uint32_t m = n < w->nslots ? n : w->nslots;
+        for (int pass = 0; pass < 2; pass++)
+            for (uint32_t i = 0; i < m; i++) {
+                if (ids[i] >= ws->cfg.num_experts)
+                    continue;
+                int present = w->xmap[(uint64_t)layer * ws->cfg.num_experts + ids[i]] != 0;
+                if (present != (pass == 0))
+                    continue;
+                int s = take(w, layer, ids[i], 1);
+                if (s < 0)
+                    break;
+                w->pf[w->npf++] = (uint32_t)s;
+            }
         flush_misses(w);
     }
     pthread_mutex_unlock(&w->x_mu);
@@ -968,6 +992,9 @@ static int st_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_t *ids, ui
         }
         w->held[i] = got < 0 ? UINT32_MAX : (uint32_t)got;
     }
+    for (uint32_t i = 0; i < n; i++)   /* hits first (see experts_prefetch) */
+        if (w->held[i] == UINT32_MAX && w->xmap[(uint64_t)layer * ws->cfg.num_experts + ids[i]])
+            w->held[i] = (uint32_t)take(w, layer, ids[i], 1);
     for (uint32_t i = 0; i < n;) {
         if (w->held[i] != UINT32_MAX) {
             i++;
@@ -1454,6 +1481,8 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
         return k3_err_set(e, K3_ENOMEM, "out of memory");
     if (w->lay) {
         w->nslots = p->expert_slots;
+        w->cyclic = (uint64_t)w->nslots <
+                    (uint64_t)(c->num_hidden_layers - c->first_k_dense_replace) * c->num_experts_per_token;
         w->xs = calloc(w->nslots, sizeof *w->xs);
         w->xmap = calloc((uint64_t)c->num_hidden_layers * c->num_experts, sizeof *w->xmap);
         w->jobs = calloc(w->nslots, sizeof *w->jobs);
