@@ -448,14 +448,27 @@ static int journal_write_group(conv *cv, uint32_t g, k3_err *e)
             cJSON_AddItemToArray(fs, named_hash(of[k]->name, of[k]->size, p->man.files[of[k]->file_index].sha256));
     cJSON_AddItemToObject(root, "unit_crcs", crc_array(G->trunk.region_crc, G->trunk.nregions));
     cJSON_AddItemToObject(root, "record_crcs", crc_array(G->experts.region_crc, G->experts.nregions));
-    char *txt = cJSON_PrintUnformatted(root);
+    char *js = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    if (!txt)
+    size_t jl = js ? strlen(js) : 0;
+    char *txt = js ? malloc(65 + jl) : NULL;
+    if (!txt) {
+        free(js);
         return k3_err_set(e, K3_ENOMEM, "out of memory");
+    }
+    /* first line: the SHA-256 of the JSON after it, so that --resume never
+     * takes a value that reads back differently from what was written */
+    uint8_t sha[32];
+    unsigned int hl = 0;
+    EVP_Digest(js, jl, sha, &hl, EVP_sha256(), NULL);
+    k3_man_hex(sha, txt);
+    txt[64] = '\n';
+    memcpy(txt + 65, js, jl);
+    free(js);
     snprintf(name, sizeof name, "group-%04u.json", g);
     int rc = journal_path(path, sizeof path, p->dst, name, e);
     if (rc == 0)
-        rc = k3_io_write_file_atomic(path, txt, strlen(txt), e);
+        rc = k3_io_write_file_atomic(path, txt, 65 + jl, e);
     free(txt);
     return rc;
 }
@@ -533,7 +546,21 @@ static int journal_load_group(conv *cv, uint32_t g, const char **why, k3_err *e)
     *why = "unreadable journal entry";
     if (k3_io_read_file(path, 16u << 20, &txt, &len, &ignore))
         return 0;
-    cJSON *root = cJSON_ParseWithLength(txt, (size_t)len);
+    uint8_t want[32], got[32];
+    unsigned int hl = 0;
+    *why = "journal entry does not match its own SHA-256";
+    int bad = len < 65 || txt[64] != '\n';
+    if (!bad) {
+        txt[64] = 0;
+        bad = k3_man_unhex(txt, want) != 0;
+        txt[64] = '\n';
+    }
+    if (bad ||
+        EVP_Digest(txt + 65, (size_t)(len - 65), got, &hl, EVP_sha256(), NULL) != 1 || memcmp(want, got, 32)) {
+        free(txt);
+        return 0;
+    }
+    cJSON *root = cJSON_ParseWithLength(txt + 65, (size_t)(len - 65));
     free(txt);
     int ok = 0;
     k3_man_hex(p->fingerprint, hex);
