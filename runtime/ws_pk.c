@@ -168,8 +168,10 @@ static int pk_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_e
         if (!p)
             return k3_err_set(e, K3_EFORMAT, "%s: no piece of embed_tokens holds row %u", ws->dir, ids[i]);
         const k3_pk_unit *u = k3_pk_unit_at(w->pk, p->unit);
-        int rc = k3_pk_read(w->pk, u->file, w->rowbuf, row, p->offset + (ids[i] - p->row_begin) * row, w->bounce,
-                            w->bounce_cap, e);
+        const uint64_t off = p->offset + (ids[i] - p->row_begin) * row;
+        int rc = k3_pk_read(w->pk, u->file, w->rowbuf, row, off, w->bounce, w->bounce_cap, e);
+        if (rc == 0) /* the unit's CRC covers the whole table: each row has its own in embed.crc */
+            rc = k3_pk_embed_row_check(w->pk, ids[i], w->rowbuf, row, k3_pk_file_at(w->pk, u->file)->path, off, e);
         if (rc < 0)
             return rc;
         float *o = out + (uint64_t)i * E;

@@ -758,6 +758,8 @@ static int st_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_e
         const k3_pk_unit *u = k3_pk_unit_at(w->pk, p->unit);
         uint64_t off = p->offset + (ids[i] - p->row_begin) * row;
         int rc = k3_pk_read(w->pk, u->file, w->rowbuf, row, off, w->bounce, w->bounce_cap, e);
+        if (rc == 0) /* the unit's CRC covers the whole table: each row has its own in embed.crc */
+            rc = k3_pk_embed_row_check(w->pk, ids[i], w->rowbuf, row, k3_pk_file_at(w->pk, u->file)->path, off, e);
         if (rc < 0) {
             char what[48];
             snprintf(what, sizeof what, "embedding row %u", ids[i]);
