@@ -45,6 +45,7 @@
 #define K3_PACK_HOT_SHARE     0.8               /* hot set: experts covering this share of requests */
 #define K3_PACK_TMP_SUFFIX    ".k3-pack-tmp"
 #define K3_PACK_OLD_SUFFIX    ".k3-pack-old"
+#define K3_PACK_PROBE_SUFFIX  ".k3-pack-probe."
 #define K3_PACK_JOURNAL       ".k3-pack-journal"
 
 /* Named budgets besides k3_stream_parse_budget's. */

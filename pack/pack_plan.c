@@ -680,9 +680,14 @@ static int probe_one(const char *dir, const k3_pack_opts *o, const k3_cfg *c, ui
 
 static int probe(k3_pack_plan *p, const k3_pack_opts *o, k3_err *e)
 {
+    /* next to DST when there is one (a run on DST removes what a kill left
+     * there), else in $TMPDIR */
     const char *tmpd = getenv("TMPDIR");
     char dir[4096], path[4400];
-    snprintf(dir, sizeof dir, "%s/k3-pack-probe.XXXXXX", tmpd && *tmpd ? tmpd : "/tmp");
+    if (p->dst)
+        snprintf(dir, sizeof dir, "%s" K3_PACK_PROBE_SUFFIX "XXXXXX", p->dst);
+    else
+        snprintf(dir, sizeof dir, "%s/k3-pack-probe.XXXXXX", tmpd && *tmpd ? tmpd : "/tmp");
     if (!mkdtemp(dir))
         return k3_err_sys(e, K3_EIO, errno, "%s: cannot create a scratch directory", dir);
     const k3_man *m = &p->man;

@@ -585,6 +585,41 @@ static int lock_dir(const char *dir, int *fd, k3_err *e)
     return 0;
 }
 
+/* Remove the stand-ins ("DST.k3-pack-probe.XXXXXX") a kill during planning
+ * left next to DST. */
+static int remove_stale_probes(const char *dst, k3_err *e)
+{
+    char parent[4200];
+    snprintf(parent, sizeof parent, "%s", dst);
+    char *slash = strrchr(parent, '/');
+    const char *base = dst;
+    if (slash) {
+        base = dst + (slash - parent) + 1;
+        if (slash == parent)
+            parent[1] = 0;
+        else
+            *slash = 0;
+    } else {
+        snprintf(parent, sizeof parent, ".");
+    }
+    char prefix[4200];
+    snprintf(prefix, sizeof prefix, "%s" K3_PACK_PROBE_SUFFIX, base);
+    const size_t lp = strlen(prefix);
+    DIR *d = opendir(parent);
+    if (!d)
+        return 0;
+    struct dirent *de;
+    int rc = 0;
+    char path[8500];
+    while (!rc && (de = readdir(d)))
+        if (!strncmp(de->d_name, prefix, lp) && strlen(de->d_name) == lp + 6) {
+            snprintf(path, sizeof path, "%s/%s", parent, de->d_name);
+            rc = remove_tree(path, 0, e);
+        }
+    closedir(d);
+    return rc;
+}
+
 static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lockfd, k3_err *e)
 {
     memset(s, 0, sizeof *s);
@@ -617,6 +652,8 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
     if (exists(dst) && !o->force)
         return k3_err_set(e, K3_EEXIST, "%s exists (use --force to replace it)", dst);
     journal_path(jdir, sizeof jdir, tmp, NULL);
+    if ((rc = remove_stale_probes(dst, e)))
+        return rc;
     int resuming = 0;
     if (exists(tmp)) {
         if ((rc = lock_dir(tmp, lockfd, e)))

@@ -278,7 +278,7 @@ K3_TEST_TIMEOUT(pack_killed_at_every_stage_leaves_dst_absent_then_resumes_to_the
 {
     const char *src = make_src();
     const char *tmp = k3t_tmpdir();
-    char ref[4200], dst[4200], tdir[4300], a[4300], b[4300], *err = NULL;
+    char ref[4200], dst[4200], tdir[4300], a[4300], b[4400], *err = NULL;
     const char *opts = "--ram floor --unit-bytes 65536 --pin 2,head";
     snprintf(ref, sizeof ref, "%s/ref", tmp);
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack --quiet %s %s %s", opts, src, ref), 0);
@@ -326,6 +326,18 @@ K3_TEST_TIMEOUT(pack_killed_at_every_stage_leaves_dst_absent_then_resumes_to_the
         snprintf(b, sizeof b, "%s/trunk-0000.k3t", dst);
         CHECK(same_file(a, b));
     }
+    /* the stand-in a kill during planning leaves next to DST goes with the next run */
+    snprintf(dst, sizeof dst, "%s/stale", tmp);
+    snprintf(a, sizeof a, "%s.k3-pack-probe.Ab3dEf", dst);
+    CHECK_EQ_INT(mkdir(a, 0700), 0);
+    snprintf(b, sizeof b, "%s/trunk-0000.k3t", a);
+    FILE *sf = fopen(b, "w");
+    CHECK(sf != NULL);
+    if (sf)
+        fclose(sf);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack --quiet %s %s %s", opts, src, dst), 0);
+    CHECK(access(a, F_OK) != 0);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "ls -d %s/*.k3-pack-probe.* 2>/dev/null | grep -c . | grep -qx 0", tmp), 0);
     /* --force replaces a complete DST, and only once the new one is complete */
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack --quiet %s %s %s", opts, src, ref), 7);
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_PACK_CRASH=trunk:2 k3-pack --quiet --force --ram resident %s %s", src, ref),
