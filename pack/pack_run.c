@@ -134,12 +134,25 @@ static int journal_write(const char *tmp, const k3_pack_plan *p, const k3_pack_o
         for (uint32_t u = 0; u < p->man.nunits; u++)
             cJSON_AddItemToArray(a, cJSON_CreateNumber(p->man.units[u].crc32));
     }
-    char *txt = cJSON_PrintUnformatted(o);
+    char *js = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    if (!txt)
+    size_t jl = js ? strlen(js) : 0;
+    char *txt = js ? malloc(65 + jl) : NULL;
+    if (!txt) {
+        free(js);
         return k3_err_set(e, K3_ENOMEM, "out of memory");
+    }
+    /* first line: the SHA-256 of the JSON after it, so that --resume never
+     * takes a value that reads back differently from what was written */
+    uint8_t sha[32];
+    unsigned int hl = 0;
+    EVP_Digest(js, jl, sha, &hl, EVP_sha256(), NULL);
+    hexs(sha, txt);
+    txt[64] = '\n';
+    memcpy(txt + 65, js, jl);
+    free(js);
     int rc = journal_path(path, sizeof path, tmp, f->name) ? k3_err_set(e, K3_ELIMIT, "%s: path too long", tmp)
-                                                            : k3_io_write_file_atomic(path, txt, strlen(txt), e);
+                                                            : k3_io_write_file_atomic(path, txt, 65 + jl, e);
     free(txt);
     return rc;
 }
@@ -155,7 +168,20 @@ static int journal_take(const char *tmp, k3_pack_plan *p, const k3_pack_out *out
     k3_err je = {0};
     if (journal_path(path, sizeof path, tmp, f->name) || k3_io_read_file(path, 1u << 30, &txt, &len, &je))
         return 0;
-    cJSON *o = cJSON_Parse(txt);
+    /* an entry that does not hash to its first line is not trusted: redo */
+    uint8_t want[32], got[32];
+    unsigned int hl = 0;
+    int bad = len < 65 || txt[64] != '\n';
+    if (!bad) {
+        txt[64] = 0;
+        bad = k3_man_unhex(txt, want) != 0;
+        txt[64] = '\n';
+    }
+    if (bad || EVP_Digest(txt + 65, (size_t)(len - 65), got, &hl, EVP_sha256(), NULL) != 1 || memcmp(want, got, 32)) {
+        free(txt);
+        return 0;
+    }
+    cJSON *o = cJSON_ParseWithLength(txt + 65, (size_t)(len - 65));
     free(txt);
     int ok = 0;
     struct stat st;
