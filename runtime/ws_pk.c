@@ -5,7 +5,8 @@
  * with K3_WS_DROP; expert records likewise, one aligned buffer per record,
  * each CRC-checked when read. Views point into those buffers, so a tensor is
  * used exactly as stored. A tensor split into several row pieces (k3-pack) is
- * gathered into one contiguous buffer at acquire. The streaming source (RAM
+ * gathered into one contiguous buffer at acquire. The embedding is read a row
+ * at a time, each row checked against its CRC32 in embed.crc. The streaming source (RAM
  * budget) implements the same k3_ws_ops over a ring of slots.
  */
 #include <stdio.h>
