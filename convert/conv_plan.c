@@ -516,10 +516,10 @@ int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, k3_err
         k3_pk_piece *pc = (k3_pk_piece *)p->man.tensors[i].pieces;
         pc->unit = UINT32_MAX - pc->unit;
     }
-    /* files: per group trunk then experts; then experts.idx; tokenizer files are
-     * appended by the run when the source has them */
+    /* files: per group trunk then experts; then experts.idx; tokenizer files
+     * and embed.crc are appended by the run */
     uint32_t nfiles = 0;
-    p->man.files = calloc(2 * p->ngroups + 3, sizeof *p->man.files);
+    p->man.files = calloc(2 * p->ngroups + 4, sizeof *p->man.files);
     if (!p->man.files) {
         rc = k3_err_set(e, K3_ENOMEM, "out of memory");
         goto fail;

@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "conv_out.h"
 #include "k3_io.h"
@@ -188,7 +189,37 @@ typedef struct conv {
     uint32_t carry_len;
     uint64_t out_done;
     open_rec recs[K3_CONV_MAX_OPEN_RECORDS];
+    /* the embedding's row CRCs (embed.crc), taken as its bytes are written */
+    int64_t embed_t;            /* index into plan->tensors, -1 if none */
+    uint32_t embed_group;
+    uint32_t *erow;             /* vocab_size */
+    uint64_t erow_rb, erow_at;  /* row bytes; output bytes of the table fed so far */
+    uLong erow_c;               /* CRC of the current row so far */
+    uint8_t erow_sha[32];       /* of the journal's embed-crc.bin */
 } conv;
+
+/* Fold n output bytes of the embedding at byte off of the table (bytes come
+ * in order) into the row CRCs. */
+static int embed_feed(conv *cv, uint64_t off, const uint8_t *ptr, uint64_t n, k3_err *e)
+{
+    if (off != cv->erow_at)
+        return k3_err_set(e, K3_EINTERNAL, "embedding bytes out of order (%" PRIu64 " after %" PRIu64 ")", off,
+                          cv->erow_at);
+    while (n) {
+        uint64_t fill = cv->erow_at % cv->erow_rb, take = cv->erow_rb - fill < n ? cv->erow_rb - fill : n;
+        if (cv->erow_at + take > (uint64_t)cv->p->cfg.vocab_size * cv->erow_rb)
+            return k3_err_set(e, K3_EINTERNAL, "embedding longer than its shape");
+        cv->erow_c = crc32(cv->erow_c, ptr, (uInt)take);
+        cv->erow_at += take;
+        ptr += take;
+        n -= take;
+        if (cv->erow_at % cv->erow_rb == 0) {
+            cv->erow[cv->erow_at / cv->erow_rb - 1] = (uint32_t)cv->erow_c;
+            cv->erow_c = crc32(0L, Z_NULL, 0);
+        }
+    }
+    return 0;
+}
 
 static uint64_t section(const k3_pk_expert_layout *xl, int which, int part)
 {
@@ -332,8 +363,11 @@ static int handle_expert(conv *cv, const k3_conv_tensor *ct, uint64_t toff, cons
 static int handle_trunk(conv *cv, const k3_conv_tensor *ct, uint64_t toff, const uint8_t *ptr, uint64_t n, k3_err *e)
 {
     const k3_st_tensor *t = ct->st;
-    if (t->dtype == ct->out_dtype)
-        return k3_conv_w_write(&cv->tw, ct->ext, toff, ptr, n, e);
+    const int emb = cv->embed_t >= 0 && ct == &cv->p->tensors[cv->embed_t];
+    if (t->dtype == ct->out_dtype) {
+        int rc = emb ? embed_feed(cv, toff, ptr, n, e) : 0;
+        return rc ? rc : k3_conv_w_write(&cv->tw, ct->ext, toff, ptr, n, e);
+    }
     if (toff == 0) {
         cv->carry_len = 0;
         cv->out_done = 0;
@@ -362,7 +396,9 @@ static int handle_trunk(conv *cv, const k3_conv_tensor *ct, uint64_t toff, const
     }
     memcpy(cv->carry, ptr + whole * esz, (size_t)(n - whole * esz));
     cv->carry_len = (uint32_t)(n - whole * esz);
-    int rc = m ? k3_conv_w_write(&cv->tw, ct->ext, cv->out_done, cv->scratch, m, e) : 0;
+    int rc = m && emb ? embed_feed(cv, cv->out_done, cv->scratch, m, e) : 0;
+    if (rc == 0 && m)
+        rc = k3_conv_w_write(&cv->tw, ct->ext, cv->out_done, cv->scratch, m, e);
     cv->out_done += m;
     return rc;
 }
@@ -448,14 +484,53 @@ static int journal_write_group(conv *cv, uint32_t g, k3_err *e)
             cJSON_AddItemToArray(fs, named_hash(of[k]->name, of[k]->size, p->man.files[of[k]->file_index].sha256));
     cJSON_AddItemToObject(root, "unit_crcs", crc_array(G->trunk.region_crc, G->trunk.nregions));
     cJSON_AddItemToObject(root, "record_crcs", crc_array(G->experts.region_crc, G->experts.nregions));
-    char *txt = cJSON_PrintUnformatted(root);
+    if (g == cv->embed_group && cv->embed_t >= 0) {
+        /* the embedding's row CRCs, kept beside the entry that names their hash */
+        const uint64_t V = p->cfg.vocab_size;
+        uint8_t *b = malloc(4 * V + 1);
+        int rc = b ? 0 : k3_err_set(e, K3_ENOMEM, "out of memory");
+        if (rc == 0 && cv->erow_at != V * cv->erow_rb)
+            rc = k3_err_set(e, K3_EINTERNAL, "embedding: %" PRIu64 " bytes written, %" PRIu64 " expected", cv->erow_at,
+                            V * cv->erow_rb);
+        for (uint64_t i = 0; rc == 0 && i < V; i++)
+            for (int j = 0; j < 4; j++)
+                b[4 * i + j] = (uint8_t)(cv->erow[i] >> (8 * j));
+        unsigned int hl;
+        if (rc == 0) {
+            EVP_Digest(b, 4 * V, cv->erow_sha, &hl, EVP_sha256(), NULL);
+            rc = journal_path(path, sizeof path, p->dst, "embed-crc.bin", e);
+        }
+        if (rc == 0)
+            rc = k3_io_write_file_atomic(path, b, 4 * V, e);
+        free(b);
+        if (rc) {
+            cJSON_Delete(root);
+            return rc;
+        }
+        k3_man_hex(cv->erow_sha, hex);
+        cJSON_AddStringToObject(root, "embed_crc_sha256", hex);
+    }
+    char *js = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    if (!txt)
+    size_t jl = js ? strlen(js) : 0;
+    char *txt = js ? malloc(65 + jl) : NULL;
+    if (!txt) {
+        free(js);
         return k3_err_set(e, K3_ENOMEM, "out of memory");
+    }
+    /* first line: the SHA-256 of the JSON after it, so that --resume never
+     * takes a value that reads back differently from what was written */
+    uint8_t sha[32];
+    unsigned int hl = 0;
+    EVP_Digest(js, jl, sha, &hl, EVP_sha256(), NULL);
+    k3_man_hex(sha, txt);
+    txt[64] = '\n';
+    memcpy(txt + 65, js, jl);
+    free(js);
     snprintf(name, sizeof name, "group-%04u.json", g);
     int rc = journal_path(path, sizeof path, p->dst, name, e);
     if (rc == 0)
-        rc = k3_io_write_file_atomic(path, txt, strlen(txt), e);
+        rc = k3_io_write_file_atomic(path, txt, 65 + jl, e);
     free(txt);
     return rc;
 }
@@ -533,7 +608,21 @@ static int journal_load_group(conv *cv, uint32_t g, const char **why, k3_err *e)
     *why = "unreadable journal entry";
     if (k3_io_read_file(path, 16u << 20, &txt, &len, &ignore))
         return 0;
-    cJSON *root = cJSON_ParseWithLength(txt, (size_t)len);
+    uint8_t want[32], got[32];
+    unsigned int hl = 0;
+    *why = "journal entry does not match its own SHA-256";
+    int bad = len < 65 || txt[64] != '\n';
+    if (!bad) {
+        txt[64] = 0;
+        bad = k3_man_unhex(txt, want) != 0;
+        txt[64] = '\n';
+    }
+    if (bad ||
+        EVP_Digest(txt + 65, (size_t)(len - 65), got, &hl, EVP_sha256(), NULL) != 1 || memcmp(want, got, 32)) {
+        free(txt);
+        return 0;
+    }
+    cJSON *root = cJSON_ParseWithLength(txt + 65, (size_t)(len - 65));
     free(txt);
     int ok = 0;
     k3_man_hex(p->fingerprint, hex);
@@ -574,6 +663,25 @@ static int journal_load_group(conv *cv, uint32_t g, const char **why, k3_err *e)
     if (parse_crcs(cJSON_GetObjectItemCaseSensitive(root, "unit_crcs"), G->trunk.region_crc, G->trunk.nregions) ||
         parse_crcs(cJSON_GetObjectItemCaseSensitive(root, "record_crcs"), G->experts.region_crc, G->experts.nregions))
         goto out;
+    if (g == cv->embed_group && cv->embed_t >= 0) {
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(root, "embed_crc_sha256");
+        const uint64_t V = p->cfg.vocab_size;
+        char *b = NULL;
+        uint64_t bl = 0;
+        *why = "the embedding's row CRCs in the journal are missing or do not hash to the entry's SHA-256";
+        if (!cJSON_IsString(h) || k3_man_unhex(h->valuestring, want) ||
+            journal_path(path, sizeof path, p->dst, "embed-crc.bin", &ignore) ||
+            k3_io_read_file(path, 4 * V + 1, &b, &bl, &ignore) || bl != 4 * V ||
+            EVP_Digest(b, (size_t)bl, got, &hl, EVP_sha256(), NULL) != 1 || memcmp(want, got, 32)) {
+            free(b);
+            goto out;
+        }
+        for (uint64_t i = 0; i < V; i++) {
+            const uint8_t *q = (const uint8_t *)b + 4 * i;
+            cv->erow[i] = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
+        }
+        free(b);
+    }
     ok = 1;
 out:
     cJSON_Delete(root);
@@ -588,6 +696,10 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
     k3_conv_group *G = &p->groups[g];
     int rc = 0;
     cv->has_t = cv->has_x = 0;
+    if (g == cv->embed_group) {
+        cv->erow_at = 0;
+        cv->erow_c = crc32(0L, Z_NULL, 0);
+    }
     if (G->trunk.size) {
         if ((rc = k3_conv_w_open(&cv->tw, p->dst, &G->trunk, cv->o->dense, e)))
             goto fail;
@@ -732,7 +844,7 @@ static int is_ours(const char *n)
 {
     size_t l = strlen(n);
     if (!strcmp(n, "manifest.json") || !strcmp(n, "experts.idx") || !strcmp(n, "tiktoken.model") ||
-        !strcmp(n, "tokenizer_config.json"))
+        !strcmp(n, "tokenizer_config.json") || !strcmp(n, K3_MAN_EMBED_CRC_NAME))
         return 1;
     if (l > 4 && !strcmp(n + l - 4, ".tmp"))
         return 1;
@@ -905,6 +1017,40 @@ static int small_files(k3_conv_plan *p, k3_err *e)
     return 0;
 }
 
+/* embed.crc: the embedding's row CRCs (taken as it was written, or from the
+ * journal's embed-crc.bin for a kept group), little-endian, to DST. */
+static int write_embed_crcs(conv *cv, k3_err *e)
+{
+    k3_conv_plan *p = cv->p;
+    const uint64_t V = p->cfg.vocab_size;
+    if (cv->embed_t < 0 || !cv->erow)
+        return k3_err_set(e, K3_EINTERNAL, "no embedding table in the plan");
+    uint8_t *out = malloc(4 * V + 1);
+    if (!out)
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+    for (uint64_t i = 0; i < V; i++)
+        for (int j = 0; j < 4; j++)
+            out[4 * i + j] = (uint8_t)(cv->erow[i] >> (8 * j));
+    k3_pk_file *f = &p->man.files[p->man.nfiles];
+    p->man.embed_crc_file = p->man.nfiles;
+    f->kind = K3_PK_FILE_EMBED_CRC;
+    f->size = 4 * V;
+    unsigned int hl;
+    EVP_Digest(out, (size_t)f->size, f->sha256, &hl, EVP_sha256(), NULL);
+    char path[4200];
+    int rc = 0;
+    if (!(f->name = strdup(K3_MAN_EMBED_CRC_NAME)))
+        rc = k3_err_set(e, K3_ENOMEM, "out of memory");
+    else
+        p->man.nfiles++;
+    if (rc == 0)
+        rc = k3_io_path_join(path, sizeof path, p->dst, f->name, e);
+    if (rc == 0)
+        rc = k3_io_write_file_atomic(path, out, f->size, e);
+    free(out);
+    return rc;
+}
+
 static int finish(conv *cv, k3_err *e)
 {
     k3_conv_plan *p = cv->p;
@@ -927,6 +1073,8 @@ static int finish(conv *cv, k3_err *e)
         for (uint32_t u = G->unit_first; u < G->unit_end; u++)
             p->man.units[u].crc32 = G->trunk.region_crc[u - G->unit_first];
     }
+    if ((rc = write_embed_crcs(cv, e)))
+        return rc;
     if (p->man.has_experts) {
         for (uint64_t r = 0; r < p->nrecs; r++)
             p->records[r].crc32 = p->groups[p->recs[r].group].experts.region_crc[p->recs[r].slot];
@@ -989,7 +1137,18 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
     cv.shard_sha = calloc(ns ? ns : 1, 32);
     rd.shard_sha = cv.shard_sha;
     cv.scratch = malloc(K3_CONV_CHUNK + 64);
-    if (!cv.shard_sha || !cv.scratch) {
+    cv.embed_t = -1;
+    for (uint64_t i = 0; i < plan.ntensors; i++) {
+        const k3_conv_tensor *ct = &plan.tensors[i];
+        if (ct->role == K3_CONV_T_TRUNK &&
+            !strcmp(plan.man.tensors[ct->out_tensor].name, "language_model.model.embed_tokens.weight")) {
+            cv.embed_t = (int64_t)i;
+            cv.embed_group = plan.slot_group[ct->slot];
+            cv.erow_rb = plan.man.tensors[ct->out_tensor].shape[1] * (ct->out_dtype == K3_DT_F32 ? 4 : 2);
+        }
+    }
+    cv.erow = calloc(plan.cfg.vocab_size ? plan.cfg.vocab_size : 1, sizeof *cv.erow);
+    if (!cv.shard_sha || !cv.scratch || !cv.erow) {
         rc = k3_err_set(e, K3_ENOMEM, "out of memory");
         goto out;
     }
@@ -1053,6 +1212,7 @@ out:
     pthread_mutex_destroy(&rd.mu);
     pthread_cond_destroy(&rd.cv);
     free(cv.scratch);
+    free(cv.erow);
     free(cv.shard_sha);
     k3_conv_plan_free(&plan);
     clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -52,6 +52,7 @@ typedef struct k3_man {
     uint32_t ntensors;
     int has_experts;
     uint32_t expert_index_file;    /* index into files */
+    uint32_t embed_crc_file;       /* index into files: the one file of kind embed_row_crcs */
     k3_pk_expert_layout xl;
     char *plan_json;               /* a JSON object text */
 } k3_man;
@@ -81,6 +82,10 @@ int k3_man_idx_decode(const k3_man *m, const uint8_t *buf, uint64_t len, k3_pk_r
                       const char *path, k3_err *e);
 
 /* SHA-256 hex helpers: out has room for 65 bytes. */
+/* embed.crc: the little-endian u32 CRC32 of each embedding row, row order. */
+#define K3_MAN_EMBED_CRC_NAME "embed.crc"
+static inline uint64_t k3_man_embed_crc_size(const k3_cfg *cfg) { return 4ull * cfg->vocab_size; }
+
 void k3_man_hex(const uint8_t sha[32], char out[65]);
 int k3_man_unhex(const char *s, uint8_t sha[32]);   /* 0 or -1 */
 

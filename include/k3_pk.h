@@ -59,6 +59,7 @@ typedef enum k3_pk_file_kind {
     K3_PK_FILE_EXPERTS,          /* expert records */
     K3_PK_FILE_EXPERT_INDEX,     /* experts.idx */
     K3_PK_FILE_TOKENIZER,        /* tiktoken.model, tokenizer_config.json */
+    K3_PK_FILE_EMBED_CRC,        /* embed.crc: CRC32 of each embedding row */
     K3_PK_FILE_KIND_COUNT
 } k3_pk_file_kind;
 
@@ -139,6 +140,9 @@ const char *k3_pk_dir(const k3_pk *pk);
  * the packed model has none. */
 const char *k3_pk_tokenizer_dir(const k3_pk *pk);
 const char *k3_pk_tokenizer_file(const k3_pk *pk, const char *name);
+/* The SHA-256 the manifest records for that tokenizer file (32 bytes,
+ * borrowed), NULL if the packed model has no such file. */
+const uint8_t *k3_pk_tokenizer_sha256(const k3_pk *pk, const char *name);
 
 /* Data files. */
 uint32_t k3_pk_file_count(const k3_pk *pk);
@@ -162,6 +166,17 @@ const k3_pk_expert_layout *k3_pk_experts(const k3_pk *pk);
 /* Record of (layer, expert); NULL if layer is not a MoE layer or expert is out
  * of range. */
 const k3_pk_record *k3_pk_record_find(const k3_pk *pk, uint32_t layer, uint32_t expert);
+
+/* The embedding table is read a row at a time (its unit's CRC covers the
+ * whole table): compare the n bytes of row `row` as read (from path at off,
+ * for the message) with that row's CRC32 in embed.crc (loaded and checked
+ * against the manifest's SHA-256 at open). A mismatch is K3_ECORRUPT naming
+ * the file, the row and the offset. */
+int k3_pk_embed_row_check(const k3_pk *pk, uint32_t row, const void *bytes, uint64_t n, const char *path,
+                          uint64_t off, k3_err *e);
+
+/* The table itself: vocab_size CRC32s, row order (borrowed). */
+const uint32_t *k3_pk_embed_row_crcs(const k3_pk *pk);
 
 /* The plan k3-convert/k3-pack recorded (a JSON object text), borrowed. */
 const char *k3_pk_plan_json(const k3_pk *pk);

@@ -56,6 +56,12 @@ typedef struct k3_tok_stream k3_tok_stream;
  * bound above, K3_ENOMEM, K3_EIO). */
 int k3_tok_open(k3_tok **out, const char *dir, k3_err *e);
 
+/* k3_tok_open, each file's bytes compared as read (before parsing) with the
+ * SHA-256 given (NULL: that file is not compared), e.g. the ones a packed
+ * model's manifest records: a mismatch is K3_ECORRUPT naming the file. */
+int k3_tok_open_checked(k3_tok **out, const char *dir, const uint8_t *model_sha256,
+                        const uint8_t *config_sha256, k3_err *e);
+
 /* Same with explicit paths; config_path may be NULL (no specials, no eos). */
 int k3_tok_open_files(k3_tok **out, const char *model_path, const char *config_path,
                       k3_err *e);

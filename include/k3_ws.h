@@ -125,6 +125,10 @@ struct k3_ws {
     k3_cfg cfg;
     char dir[4096];          /* model directory ("" for in-memory sources) */
     char tok_dir[4096];      /* where tokenizer files are ("" if none) */
+    /* The SHA-256 a packed model's manifest records for tiktoken.model [0]
+     * and tokenizer_config.json [1] (borrowed from the source, NULL if none):
+     * k3_tok_open_checked compares the files with them. */
+    const uint8_t *tok_sha256[2];
 };
 
 /* Open the model at dir: a packed model if dir/manifest.json exists, otherwise

@@ -20,7 +20,8 @@
 #define MAX_EXACT ((double)(1ull << 53))
 #define ZERO_HEX "0000000000000000000000000000000000000000000000000000000000000000"
 
-static const char *kind_names[K3_PK_FILE_KIND_COUNT] = {"trunk", "experts", "expert_index", "tokenizer"};
+static const char *kind_names[K3_PK_FILE_KIND_COUNT] = {"trunk", "experts", "expert_index", "tokenizer",
+                                                               "embed_row_crcs"};
 
 void k3_man_hex(const uint8_t sha[32], char out[65])
 {
@@ -656,6 +657,27 @@ int k3_man_parse(k3_man *m, const char *text, uint64_t len, const char *path, k3
     const cJSON *x = need(p, root, "experts", "manifest", &rc);
     if (rc || (rc = parse_experts(p, m, x)))
         goto out;
+    /* exactly one per-row CRC table of the embedding, of the config's size */
+    m->embed_crc_file = UINT32_MAX;
+    for (uint32_t i = 0; i < m->nfiles; i++) {
+        if (m->files[i].kind != K3_PK_FILE_EMBED_CRC)
+            continue;
+        if (m->embed_crc_file != UINT32_MAX) {
+            rc = k3_err_set(e, K3_EFORMAT, "%s: two files of kind embed_row_crcs", path);
+            goto out;
+        }
+        m->embed_crc_file = i;
+        if (m->files[i].size != k3_man_embed_crc_size(&m->cfg)) {
+            rc = k3_err_set(e, K3_EFORMAT, "%s: %s: %" PRIu64 " bytes, want %" PRIu64 " (4 per vocabulary row)", path,
+                            m->files[i].name, m->files[i].size, k3_man_embed_crc_size(&m->cfg));
+            goto out;
+        }
+    }
+    if (m->embed_crc_file == UINT32_MAX) {
+        rc = k3_err_set(e, K3_EFORMAT, "%s: no file of kind embed_row_crcs (the embedding's per-row CRC32 table)",
+                        path);
+        goto out;
+    }
     const cJSON *plan = need(p, root, "plan", "manifest", &rc);
     if (rc)
         goto out;

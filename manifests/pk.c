@@ -3,7 +3,9 @@
  *
  * Invariant: a k3_pk that k3_pk_open returned has a manifest that passed
  * k3_man_parse, an experts.idx whose SHA-256 matches the manifest and whose
- * entries are aligned, inside their files and not overlapping, and every data
+ * entries are aligned, inside their files and not overlapping, an embed.crc
+ * whose SHA-256 matches the manifest (loaded: the per-row CRC32 of the
+ * embedding), and every data
  * file open with the size the manifest gives. Data bytes are not hashed here.
  */
 #include "k3_pk.h"
@@ -27,6 +29,7 @@ struct k3_pk {
     int *direct;
     char **paths;
     k3_pk_record *recs;        /* n_moe_layers * num_experts */
+    uint32_t *row_crc;         /* vocab_size: CRC32 of each embedding row (embed.crc) */
     uint32_t *layer_units;     /* unit ids grouped by layer */
     uint32_t *layer_first;     /* per slot (layer + 2): start in layer_units; nslots + 1 entries */
     uint32_t nslots;
@@ -163,6 +166,25 @@ int k3_pk_open(k3_pk **out, const char *dir, unsigned flags, k3_err *e)
         if (rc)
             goto fail;
     }
+    {
+        const k3_pk_file *f = &m->files[m->embed_crc_file];
+        uint8_t *buf = malloc((size_t)f->size + 1), sha[32];
+        pk->row_crc = malloc((size_t)f->size + 1);
+        if (!buf || !pk->row_crc) {
+            free(buf);
+            rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", f->path);
+            goto fail;
+        }
+        rc = k3_io_pread(pk->fds[m->embed_crc_file], buf, f->size, 0, f->path, e);
+        if (rc == 0 && (sha256_buf(buf, f->size, sha) || memcmp(sha, f->sha256, 32)))
+            rc = k3_err_set(e, K3_ECORRUPT, "%s: SHA-256 differs from the manifest", f->path);
+        for (uint64_t i = 0; rc == 0 && i < f->size / 4; i++)
+            pk->row_crc[i] = (uint32_t)buf[4 * i] | (uint32_t)buf[4 * i + 1] << 8 | (uint32_t)buf[4 * i + 2] << 16 |
+                             (uint32_t)buf[4 * i + 3] << 24;
+        free(buf);
+        if (rc)
+            goto fail;
+    }
     if ((rc = build_layer_index(pk, e)))
         goto fail;
     *out = pk;
@@ -186,6 +208,7 @@ void k3_pk_close(k3_pk *pk)
     free(pk->fds);
     free(pk->direct);
     free(pk->recs);
+    free(pk->row_crc);
     free(pk->layer_units);
     free(pk->layer_first);
     k3_man_free(&pk->man);
@@ -204,6 +227,29 @@ const char *k3_pk_tokenizer_file(const k3_pk *pk, const char *name)
             return pk->man.files[i].path;
     return NULL;
 }
+
+const uint8_t *k3_pk_tokenizer_sha256(const k3_pk *pk, const char *name)
+{
+    for (uint32_t i = 0; i < pk->man.nfiles; i++)
+        if (pk->man.files[i].kind == K3_PK_FILE_TOKENIZER && !strcmp(pk->man.files[i].name, name))
+            return pk->man.files[i].sha256;
+    return NULL;
+}
+
+int k3_pk_embed_row_check(const k3_pk *pk, uint32_t row, const void *bytes, uint64_t n, const char *path,
+                          uint64_t off, k3_err *e)
+{
+    const k3_pk_file *f = &pk->man.files[pk->man.embed_crc_file];
+    if (row >= f->size / 4)
+        return k3_err_set(e, K3_EINTERNAL, "embedding row %u out of range", row);
+    uint32_t got;
+    if (!crc_check(bytes, n, pk->row_crc[row], &got))
+        return k3_err_set(e, K3_ECORRUPT, "%s: embedding row %u at offset %" PRIu64 " has CRC32 %08x, %s says %08x",
+                          path, row, off, got, f->name, pk->row_crc[row]);
+    return 0;
+}
+
+const uint32_t *k3_pk_embed_row_crcs(const k3_pk *pk) { return pk->row_crc; }
 
 uint32_t k3_pk_file_count(const k3_pk *pk) { return pk->man.nfiles; }
 

@@ -562,6 +562,13 @@ static int assemble(k3_pack_plan *p, const layout *lay_, const k3_pack_opts *o, 
                                             sm->files[i].sha256, &fail);
             p->outs[p->nouts++] = (k3_pack_out){K3_PACK_OUT_LINK, f, i, 0};
         }
+    /* embed.crc: per-row CRCs of the embedding by row id, valid whatever the layout */
+    {
+        const k3_pk_file *sf = &sm->files[sm->embed_crc_file];
+        uint32_t f = (uint32_t)add_file(m, sf->name, K3_PK_FILE_EMBED_CRC, sf->size, sf->sha256, &fail);
+        m->embed_crc_file = f;
+        p->outs[p->nouts++] = (k3_pack_out){K3_PACK_OUT_LINK, f, sm->embed_crc_file, 0};
+    }
     free(src_to_new);
 
     /* units and tensors */
@@ -702,6 +709,17 @@ static int probe(k3_pack_plan *p, const k3_pack_opts *o, k3_err *e)
                 k3_man_idx_encode(idx, &p->cfg, m->xl.stride, p->records);
                 rc = k3_io_pwrite(fd, idx, m->files[i].size, 0, path, e);
             }
+        } else if (i == m->embed_crc_file) { /* checked against its SHA-256 at open */
+            const uint32_t *rc32 = k3_pk_embed_row_crcs(p->pk);
+            uint8_t *b = malloc(m->files[i].size ? m->files[i].size : 1);
+            if (!b)
+                rc = k3_err_set(e, K3_ENOMEM, "out of memory");
+            for (uint64_t r = 0; b && r < m->files[i].size / 4; r++)
+                for (int j = 0; j < 4; j++)
+                    b[4 * r + j] = (uint8_t)(rc32[r] >> (8 * j));
+            if (b)
+                rc = k3_io_pwrite(fd, b, m->files[i].size, 0, path, e);
+            free(b);
         } else if (ftruncate(fd, (off_t)m->files[i].size) != 0) {
             rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot size", path);
         }

@@ -134,12 +134,25 @@ static int journal_write(const char *tmp, const k3_pack_plan *p, const k3_pack_o
         for (uint32_t u = 0; u < p->man.nunits; u++)
             cJSON_AddItemToArray(a, cJSON_CreateNumber(p->man.units[u].crc32));
     }
-    char *txt = cJSON_PrintUnformatted(o);
+    char *js = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    if (!txt)
+    size_t jl = js ? strlen(js) : 0;
+    char *txt = js ? malloc(65 + jl) : NULL;
+    if (!txt) {
+        free(js);
         return k3_err_set(e, K3_ENOMEM, "out of memory");
+    }
+    /* first line: the SHA-256 of the JSON after it, so that --resume never
+     * takes a value that reads back differently from what was written */
+    uint8_t sha[32];
+    unsigned int hl = 0;
+    EVP_Digest(js, jl, sha, &hl, EVP_sha256(), NULL);
+    hexs(sha, txt);
+    txt[64] = '\n';
+    memcpy(txt + 65, js, jl);
+    free(js);
     int rc = journal_path(path, sizeof path, tmp, f->name) ? k3_err_set(e, K3_ELIMIT, "%s: path too long", tmp)
-                                                            : k3_io_write_file_atomic(path, txt, strlen(txt), e);
+                                                            : k3_io_write_file_atomic(path, txt, 65 + jl, e);
     free(txt);
     return rc;
 }
@@ -155,7 +168,20 @@ static int journal_take(const char *tmp, k3_pack_plan *p, const k3_pack_out *out
     k3_err je = {0};
     if (journal_path(path, sizeof path, tmp, f->name) || k3_io_read_file(path, 1u << 30, &txt, &len, &je))
         return 0;
-    cJSON *o = cJSON_Parse(txt);
+    /* an entry that does not hash to its first line is not trusted: redo */
+    uint8_t want[32], got[32];
+    unsigned int hl = 0;
+    int bad = len < 65 || txt[64] != '\n';
+    if (!bad) {
+        txt[64] = 0;
+        bad = k3_man_unhex(txt, want) != 0;
+        txt[64] = '\n';
+    }
+    if (bad || EVP_Digest(txt + 65, (size_t)(len - 65), got, &hl, EVP_sha256(), NULL) != 1 || memcmp(want, got, 32)) {
+        free(txt);
+        return 0;
+    }
+    cJSON *o = cJSON_ParseWithLength(txt + 65, (size_t)(len - 65));
     free(txt);
     int ok = 0;
     struct stat st;
@@ -445,8 +471,12 @@ out:
     return rc;
 }
 
-/* Put the source file at to: hard link, else reflink, else a copy. */
-static int place_file(const char *from, const char *to, uint64_t size, int copy_only, k3_pack_stats *s, k3_err *e)
+/* Put the source file at to: hard link, else reflink, else a copy. A copy
+ * hashes the bytes it read and compares them with want (the source
+ * manifest's SHA-256) before it is published: the copy must be the file the
+ * new manifest describes. */
+static int place_file(const char *from, const char *to, uint64_t size, const uint8_t want[32], int copy_only,
+                      k3_pack_stats *s, k3_err *e)
 {
     if (unlink(to) != 0 && errno != ENOENT)
         return k3_err_sys(e, K3_EIO, errno, "%s: cannot replace", to);
@@ -471,14 +501,27 @@ static int place_file(const char *from, const char *to, uint64_t size, int copy_
         s->bytes_linked += size;
     } else {
         uint8_t *buf = malloc(K3_PACK_COPY_CHUNK);
-        if (!buf)
+        EVP_MD_CTX *md = EVP_MD_CTX_new();
+        if (!buf || !md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1)
             rc = k3_err_set(e, K3_ENOMEM, "out of memory");
         for (uint64_t at = 0; !rc && at < size;) {
             uint64_t n = size - at > K3_PACK_COPY_CHUNK ? K3_PACK_COPY_CHUNK : size - at;
-            if (!(rc = check_stop(e)) && !(rc = k3_io_pread(sfd, buf, n, at, from, e)))
+            if (!(rc = check_stop(e)) && !(rc = k3_io_pread(sfd, buf, n, at, from, e))) {
+                EVP_DigestUpdate(md, buf, (size_t)n);
                 rc = k3_io_pwrite(dfd, buf, n, at, tmp, e);
+            }
             at += n;
         }
+        uint8_t got[32];
+        unsigned int hl = 0;
+        if (!rc && (EVP_DigestFinal_ex(md, got, &hl) != 1 || memcmp(got, want, 32))) {
+            char w[65], g[65];
+            hexs(want, w);
+            hexs(got, g);
+            rc = k3_err_set(e, K3_ECORRUPT, "%s: the bytes copied hash to %s, the source manifest says %s", from, g,
+                            w);
+        }
+        EVP_MD_CTX_free(md);
         free(buf);
         if (!rc) {
             s->files_copied++;
@@ -732,7 +775,7 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
             if (!(rc = k3_io_path_join(from, sizeof from, p->src, p->src_man.files[out->src_file].name, e)) &&
                 !(rc = k3_io_path_join(path, sizeof path, tmp, f->name, e))) {
                 struct stat st;
-                rc = place_file(from, path, f->size, o->copy_only, s, e);
+                rc = place_file(from, path, f->size, f->sha256, o->copy_only, s, e);
                 if (!rc && (stat(path, &st) != 0 || (uint64_t)st.st_size != f->size))
                     rc = k3_err_set(e, K3_EIO, "%s: size %lld after linking, the source manifest says %" PRIu64,
                                     path, (long long)st.st_size, f->size);

@@ -30,6 +30,7 @@
 #include "k3_kern.h"
 #include "k3_model.h"
 #include "k3_stream.h"
+#include "k3_man.h"
 #include "k3_tok.h"
 #include "k3_ws.h"
 
@@ -315,6 +316,37 @@ static void print_json_text(const char *text, uint64_t n)
     putchar('"');
 }
 
+/* Open the tokenizer of dir for the tokenizer-only modes: when dir is a
+ * packed model, its files are compared with the SHA-256 its manifest
+ * records, as when the model runs. */
+static int tok_open_dir(k3_tok **tok, const char *dir, k3_err *e)
+{
+    char mp[4096];
+    struct stat st;
+    if (k3_io_path_join(mp, sizeof mp, dir, "manifest.json", NULL) < 0 || stat(mp, &st) != 0)
+        return k3_tok_open(tok, dir, e);
+    char *txt;
+    uint64_t len;
+    k3_man m;
+    memset(&m, 0, sizeof m);
+    int rc = k3_io_read_file(mp, K3_MAN_MAX_BYTES, &txt, &len, e);
+    if (rc)
+        return rc;
+    rc = k3_man_parse(&m, txt, len, mp, e);
+    free(txt);
+    if (rc == 0) {
+        const uint8_t *sha[2] = {NULL, NULL};
+        for (uint32_t i = 0; i < m.nfiles; i++)
+            if (m.files[i].kind == K3_PK_FILE_TOKENIZER)
+                for (int k = 0; k < 2; k++)
+                    if (!strcmp(m.files[i].name, k ? "tokenizer_config.json" : "tiktoken.model"))
+                        sha[k] = m.files[i].sha256;
+        rc = k3_tok_open_checked(tok, dir, sha[0], sha[1], e);
+    }
+    k3_man_free(&m);
+    return rc;
+}
+
 /* Does dir hold a tokenizer? */
 /* The budget a k3-pack layout was made for (manifest plan.k3_run.ram, when
  * plan.k3_run.streams): 1 and *budget set if there is one. Anything unreadable
@@ -502,7 +534,7 @@ int main(int argc, char **argv)
             return die(K3_EARG, tokenize ? "--tokenize needs --prompt or --prompt-file"
                                          : "--detokenize needs --ids");
         }
-        rc = k3_tok_open(&tok, tdir, &e);
+        rc = tok_open_dir(&tok, tdir, &e);
         if (rc == 0 && tokenize) {
             uint32_t *out;
             uint64_t n;
@@ -575,7 +607,10 @@ int main(int argc, char **argv)
     if (!tdir || (!tok_dir && !ws->tok_dir[0]))
         tdir = ws->tok_dir[0] ? ws->tok_dir : NULL;
     if (tdir && has_tokenizer(tdir)) {
-        rc = k3_tok_open(&tok, tdir, &e);
+        /* the model's own tokenizer files: compared with the manifest's SHA-256 */
+        int own = tdir == ws->tok_dir || (ws->tok_dir[0] && !strcmp(tdir, ws->tok_dir));
+        rc = own ? k3_tok_open_checked(&tok, tdir, ws->tok_sha256[0], ws->tok_sha256[1], &e)
+                 : k3_tok_open(&tok, tdir, &e);
         if (rc < 0)
             goto out;
     } else if (tok_dir) {

@@ -11,6 +11,7 @@
  */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,13 +204,40 @@ static int64_t b64_decode(const uint8_t *s, uint64_t n, uint8_t *out)
 
 #define B64_MAX_CHARS (((K3_TOK_MAX_TOKEN_BYTES + 2) / 3) * 4)
 
-static int load_model(k3_tok *tok, const char *path, k3_err *e)
+/* Compare the bytes as read (the ones parsed) with the SHA-256 the caller
+ * expects; want NULL: nothing to compare. The loaders compute it first and
+ * report a mismatch only once the bytes parsed: a file that does not parse is
+ * a format error (exit 3) as for any tokenizer, one that parses into other
+ * tokens is corrupt (exit 5). */
+static int check_sha256(const char *path, const char *buf, uint64_t len, const uint8_t *want, k3_err *e)
+{
+    if (!want)
+        return 0;
+    uint8_t got[32];
+    unsigned int hl = 0;
+    if (EVP_Digest(buf, (size_t)len, got, &hl, EVP_sha256(), NULL) != 1 || hl != 32)
+        return k3_err_set(e, K3_EINTERNAL, "%s: SHA-256 failed", path);
+    if (memcmp(got, want, 32)) {
+        char w[65], g[65];
+        for (int i = 0; i < 32; i++) {
+            snprintf(w + 2 * i, 3, "%02x", want[i]);
+            snprintf(g + 2 * i, 3, "%02x", got[i]);
+        }
+        return k3_err_set(e, K3_ECORRUPT, "%s: SHA-256 mismatch: the bytes read are not the ones the manifest "
+                                          "names (expected %s, computed %s)", path, w, g);
+    }
+    return 0;
+}
+
+static int load_model(k3_tok *tok, const char *path, const uint8_t *want, k3_err *e)
 {
     char *buf;
     uint64_t len;
     int rc = k3_io_read_file(path, K3_TOK_MODEL_MAX_BYTES, &buf, &len, e);
     if (rc)
         return rc;
+    k3_err he = {0};
+    int hrc = check_sha256(path, buf, len, want, &he);
     const uint8_t *s = (const uint8_t *)buf;
     /* count lines to bound every allocation below by the file's size */
     uint64_t lines = 0;
@@ -336,7 +364,9 @@ static int load_model(k3_tok *tok, const char *path, k3_err *e)
             return k3_err_set(e, K3_EFORMAT, "%s: byte 0x%02X has no token (byte-level BPE needs all 256 bytes)",
                               path, b);
     tok->vocab = tok->n_ranks;
-    return 0;
+    if (hrc)
+        *e = he;
+    return hrc;
 }
 
 /* ---- tokenizer_config.json ------------------------------------------------ */
@@ -388,13 +418,15 @@ static const char *token_name(const cJSON *root, const char *field, int *bad)
     return NULL;
 }
 
-static int load_config(k3_tok *tok, const char *path, k3_err *e)
+static int load_config(k3_tok *tok, const char *path, const uint8_t *want, k3_err *e)
 {
     char *buf;
     uint64_t len;
     int rc = k3_io_read_file(path, K3_TOK_CONFIG_MAX_BYTES, &buf, &len, e);
     if (rc)
         return rc;
+    k3_err he = {0};
+    int hrc = check_sha256(path, buf, len, want, &he);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(buf, (size_t)len, &end, 0);
     if (!root) {
@@ -573,21 +605,26 @@ static int load_config(k3_tok *tok, const char *path, k3_err *e)
 out:
     cJSON_Delete(root);
     free(buf);
+    if (rc == 0 && hrc) {
+        *e = he;
+        rc = hrc;
+    }
     return rc;
 }
 
 /* ---- open / close --------------------------------------------------------- */
 
-int k3_tok_open_files(k3_tok **out, const char *model_path, const char *config_path, k3_err *e)
+static int open_files(k3_tok **out, const char *model_path, const uint8_t *model_sha256, const char *config_path,
+                      const uint8_t *config_sha256, k3_err *e)
 {
     *out = NULL;
     k3_tok *tok = calloc(1, sizeof *tok);
     if (!tok)
         return k3_err_set(e, K3_ENOMEM, "%s: out of memory", model_path);
     tok->bos = -1;
-    int rc = load_model(tok, model_path, e);
+    int rc = load_model(tok, model_path, model_sha256, e);
     if (rc == 0 && config_path)
-        rc = load_config(tok, config_path, e);
+        rc = load_config(tok, config_path, config_sha256, e);
     if (rc == 0 && !tok->special_of_id) {
         tok->special_of_id = malloc(sizeof *tok->special_of_id);
         if (!tok->special_of_id)
@@ -603,7 +640,13 @@ int k3_tok_open_files(k3_tok **out, const char *model_path, const char *config_p
     return 0;
 }
 
-int k3_tok_open(k3_tok **out, const char *dir, k3_err *e)
+int k3_tok_open_files(k3_tok **out, const char *model_path, const char *config_path, k3_err *e)
+{
+    return open_files(out, model_path, NULL, config_path, NULL, e);
+}
+
+int k3_tok_open_checked(k3_tok **out, const char *dir, const uint8_t *model_sha256, const uint8_t *config_sha256,
+                        k3_err *e)
 {
     char model[4096], config[4096];
     *out = NULL;
@@ -612,7 +655,12 @@ int k3_tok_open(k3_tok **out, const char *dir, k3_err *e)
         rc = k3_io_path_join(config, sizeof config, dir, "tokenizer_config.json", e);
     if (rc)
         return rc;
-    return k3_tok_open_files(out, model, config, e);
+    return open_files(out, model, model_sha256, config, config_sha256, e);
+}
+
+int k3_tok_open(k3_tok **out, const char *dir, k3_err *e)
+{
+    return k3_tok_open_checked(out, dir, NULL, NULL, e);
 }
 
 void k3_tok_close(k3_tok *tok)

@@ -5,7 +5,8 @@
  * with K3_WS_DROP; expert records likewise, one aligned buffer per record,
  * each CRC-checked when read. Views point into those buffers, so a tensor is
  * used exactly as stored. A tensor split into several row pieces (k3-pack) is
- * gathered into one contiguous buffer at acquire. The streaming source (RAM
+ * gathered into one contiguous buffer at acquire. The embedding is read a row
+ * at a time, each row checked against its CRC32 in embed.crc. The streaming source (RAM
  * budget) implements the same k3_ws_ops over a ring of slots.
  */
 #include <stdio.h>
@@ -168,8 +169,10 @@ static int pk_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_e
         if (!p)
             return k3_err_set(e, K3_EFORMAT, "%s: no piece of embed_tokens holds row %u", ws->dir, ids[i]);
         const k3_pk_unit *u = k3_pk_unit_at(w->pk, p->unit);
-        int rc = k3_pk_read(w->pk, u->file, w->rowbuf, row, p->offset + (ids[i] - p->row_begin) * row, w->bounce,
-                            w->bounce_cap, e);
+        const uint64_t off = p->offset + (ids[i] - p->row_begin) * row;
+        int rc = k3_pk_read(w->pk, u->file, w->rowbuf, row, off, w->bounce, w->bounce_cap, e);
+        if (rc == 0) /* the unit's CRC covers the whole table: each row has its own in embed.crc */
+            rc = k3_pk_embed_row_check(w->pk, ids[i], w->rowbuf, row, k3_pk_file_at(w->pk, u->file)->path, off, e);
         if (rc < 0)
             return rc;
         float *o = out + (uint64_t)i * E;
@@ -274,6 +277,8 @@ int k3_ws_pk_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)
     w->base.cfg = *k3_pk_cfg(w->pk);
     if (k3_pk_tokenizer_file(w->pk, "tiktoken.model"))
         snprintf(w->base.tok_dir, sizeof w->base.tok_dir, "%s", k3_pk_tokenizer_dir(w->pk));
+    w->base.tok_sha256[0] = k3_pk_tokenizer_sha256(w->pk, "tiktoken.model");
+    w->base.tok_sha256[1] = k3_pk_tokenizer_sha256(w->pk, "tokenizer_config.json");
     const k3_cfg *c = &w->base.cfg;
     const uint32_t NL = c->num_hidden_layers;
     w->ng = NL + 1;

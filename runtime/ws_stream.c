@@ -758,6 +758,8 @@ static int st_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_e
         const k3_pk_unit *u = k3_pk_unit_at(w->pk, p->unit);
         uint64_t off = p->offset + (ids[i] - p->row_begin) * row;
         int rc = k3_pk_read(w->pk, u->file, w->rowbuf, row, off, w->bounce, w->bounce_cap, e);
+        if (rc == 0) /* the unit's CRC covers the whole table: each row has its own in embed.crc */
+            rc = k3_pk_embed_row_check(w->pk, ids[i], w->rowbuf, row, k3_pk_file_at(w->pk, u->file)->path, off, e);
         if (rc < 0) {
             char what[48];
             snprintf(what, sizeof what, "embedding row %u", ids[i]);
@@ -1164,6 +1166,8 @@ int k3_ws_stream_open(k3_ws **out, const char *dir, int direct, k3_err *e)
     w->base.cfg = *k3_pk_cfg(w->pk);
     if (k3_pk_tokenizer_file(w->pk, "tiktoken.model"))
         snprintf(w->base.tok_dir, sizeof w->base.tok_dir, "%s", k3_pk_tokenizer_dir(w->pk));
+    w->base.tok_sha256[0] = k3_pk_tokenizer_sha256(w->pk, "tiktoken.model");
+    w->base.tok_sha256[1] = k3_pk_tokenizer_sha256(w->pk, "tokenizer_config.json");
     const k3_cfg *c = &w->base.cfg;
     const uint32_t NL = c->num_hidden_layers;
     w->ng = NL + 1;

@@ -254,6 +254,30 @@ K3_TEST_TIMEOUT(convert_resume_after_kill_is_byte_identical, 240)
         crash_and_resume(points[i]);
 }
 
+/* The embedding's row CRCs of a kept group wait in the journal
+ * (embed-crc.bin, its SHA-256 in the group's entry): read back wrong, they
+ * must not reach embed.crc - the group is redone and the result is the
+ * uninterrupted one. */
+K3_TEST(convert_resume_redoes_the_embedding_group_when_its_row_crcs_read_back_wrong)
+{
+    const char *src = path_in("src"), *ref = path_in("ref"), *dst = path_in("dst");
+    synth(src, "");
+    convert_ok(src, ref, "");
+    char *err = NULL, *out = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_CONVERT_CRASH=journaled:2 k3-convert --quiet %s %s", src, dst), 128 + 9);
+    free(err);
+    char jf[4400];
+    snprintf(jf, sizeof jf, "%s/.k3-convert-journal/embed-crc.bin", dst);
+    CHECK(access(jf, F_OK) == 0);
+    CHECK_EQ_INT(k3t_runf(&out, &err, "K3_FAULT=flip:embed-crc.bin:9 k3-convert --json --resume %s %s", src, dst), 0);
+    CHECK_STR_CONTAINS(err, "row CRCs in the journal");
+    CHECK(out && strstr(out, "\"groups_skipped\": 2,"));
+    free(out);
+    free(err);
+    same_tree(ref, dst);
+    verify_ok(dst);
+}
+
 K3_TEST(convert_refuses_existing_dst_and_force_replaces_it)
 {
     const char *src = path_in("src"), *dst = path_in("dst");

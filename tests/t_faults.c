@@ -924,3 +924,183 @@ K3_TEST(faults_pack_resume_with_an_unreadable_journal_entry_redoes_the_file)
     }
     CHECK_EQ_INT(nbad, 0);
 }
+
+/* ------------------------------------------------------------ gaps found */
+
+/* The small source files are hashed as read and recorded in the manifest's
+ * source.files; a tokenizer file read with a flipped byte is copied as read,
+ * so `k3-verify --sums` must compare those entries too, as it does shards. */
+K3_TEST(faults_convert_flipped_tokenizer_byte_is_caught_by_verify_sums)
+{
+    flipped_data_caught_by_sums(1);
+}
+
+/* k3-pack --copy (and the copy fallback when linking fails) copies files it
+ * does not change: what it read must be what the source manifest says, or
+ * the published DST carries bytes its manifest does not describe. */
+K3_TEST(faults_pack_copy_checks_what_it_copies)
+{
+    fixture f;
+    fixture_make(&f, 0);
+    target t[16];
+    int n = packed_targets(f.pk, t, &f);
+    for (int i = 0; i < n; i++) {
+        if (!strstr(t[i].file, "experts-") && !strstr(t[i].file, "token"))
+            continue;
+        target c = t[i];
+        c.flip = 5; /* the source manifest's SHA-256 says the bytes are wrong */
+        for (int k = 0; k < 3; k++)
+            pack_cell(&f, &c, k, "--copy");
+    }
+    CHECK_EQ_INT(nbad, 0);
+}
+
+/* The embedding table is read a row at a time (the unit's CRC covers the
+ * whole table): a flipped byte in the row of a prompt id must still not
+ * reach a token. */
+K3_TEST(faults_run_flipped_embedding_row_is_caught)
+{
+    fixture f;
+    fixture_make(&f, 1);
+    char lg[4096];
+    join(lg, k3t_tmpdir(), "logits.bin");
+    const char *dirs[2] = {f.pk, f.pf};
+    static const char *rams[3] = {"", "--ram floor", "--ram resident"};
+    for (int d = 0; d < 2; d++) {
+        packed p;
+        packed_open(&p, dirs[d]);
+        const cJSON *ts =
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(p.man, "trunk"), "tensors");
+        const cJSON *emb = NULL;
+        for (const cJSON *x = ts ? ts->child : NULL; x && !emb; x = x->next) {
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
+            if (cJSON_IsString(nm) && strstr(nm->valuestring, "embed_tokens"))
+                emb = x;
+        }
+        CHECK(emb != NULL);
+        const cJSON *pc = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(emb, "pieces"), 0);
+        const cJSON *rows = cJSON_GetObjectItemCaseSensitive(pc, "rows");
+        uint64_t r0 = (uint64_t)cJSON_GetArrayItem(rows, 0)->valuedouble;
+        uint64_t r1 = (uint64_t)cJSON_GetArrayItem(rows, 1)->valuedouble;
+        CHECK(r0 <= 5 && 5 < r1);
+        uint64_t rb = jnum(pc, "nbytes") / (r1 - r0);
+        const cJSON *units =
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(p.man, "trunk"), "units");
+        const cJSON *u = cJSON_GetArrayItem(units, (int)jnum(pc, "unit"));
+        const char *name = file_name(&p, jnum(u, "file"));
+        uint64_t off = jnum(u, "offset") + jnum(pc, "offset") + (5 - r0) * rb + 10; /* RUN_IDS starts with 5 */
+        for (int r = 0; r < 3; r++) {
+            char cell[1024], fault[512];
+            snprintf(fault, sizeof fault, "flip:%s:%llu", name, (unsigned long long)off);
+            snprintf(cell, sizeof cell, "k3-run %s %s %s (embedding row 5)", d ? "pf" : "pk", rams[r], fault);
+            run_cell(cell, dirs[d], rams[r], fault, name, 5, lg);
+        }
+        packed_close(&p);
+    }
+    CHECK_EQ_INT(nbad, 0);
+}
+
+static int b64(int c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
+
+/* The manifest carries the SHA-256 of the tokenizer files: a flipped byte
+ * that still parses (another token's bytes) must not turn into text. */
+K3_TEST(faults_run_flipped_tokenizer_byte_is_refused)
+{
+    fixture f;
+    fixture_make(&f, 0);
+    char *out = NULL;
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-run %s " RUN_IDS " --json", f.pk), 0);
+    const char *g = out ? strstr(out, "\"generated_ids\":[") : NULL;
+    CHECK(g != NULL);
+    unsigned long id = strtoul(g + 17, NULL, 10);
+    free(out);
+    char path[4096];
+    join(path, f.pk, "tiktoken.model");
+    uint64_t n;
+    char *tk = slurp(path, &n);
+    CHECK(tk != NULL);
+    uint64_t at = 0;
+    for (unsigned long line = 0; line < id && at < n; at++)
+        line += tk[at] == '\n';
+    while (at < n && tk[at] != ' ' && !(b64(tk[at]) && b64(tk[at] ^ 1)))
+        at++;
+    CHECK(at < n && tk[at] != ' ');
+    free(tk);
+    char lg[4096], cell[1024], fault[512];
+    join(lg, k3t_tmpdir(), "logits.bin");
+    snprintf(fault, sizeof fault, "flip:tiktoken.model:%llu", (unsigned long long)at);
+    snprintf(cell, sizeof cell, "k3-run pk %s (the line of generated id %lu)", fault, id);
+    run_cell(cell, f.pk, "", fault, "tiktoken.model", 5, lg);
+    CHECK_EQ_INT(nbad, 0);
+}
+
+/* The journals are our own files, but read back they are input like any
+ * other: a value in an entry that reads differently (still valid JSON) must
+ * not end up in the manifest. --resume must then redo the work or stop; it
+ * must never publish a manifest whose hashes, CRCs or provenance are not
+ * those of an uninterrupted run. */
+static void journal_value_cell(const fixture *f, const char *tool, const char *file, uint64_t off, const char *what,
+                               const char *ref)
+{
+    char cell[512], *out = NULL, *err = NULL;
+    snprintf(cell, sizeof cell, "%s --resume, flip %s@%llu (%s)", tool, file, (unsigned long long)off, what);
+    int st;
+    if (!strcmp(tool, "k3-convert"))
+        st = k3t_runf(NULL, &err, "K3_FAULT=flip:%s:%llu k3-convert --quiet --resume %s %s", file,
+                      (unsigned long long)off, f->up, f->out);
+    else
+        st = k3t_runf(NULL, &err, "K3_FAULT=flip:%s:%llu k3-pack --quiet --resume --ram floor %s %s", file,
+                      (unsigned long long)off, f->pk, f->out);
+    char man[4096];
+    join(man, f->out, "manifest.json");
+    if (st == 0) {
+        if (k3t_runf(&out, NULL, "diff -r %s %s", f->out, ref) != 0)
+            bad(cell, "status 0 but the result differs from an uninterrupted run: %s", out ? out : "");
+    } else {
+        one_error_line(cell, tool, err, file);
+        if (exists(man))
+            no_valid_output(cell, f->out);
+    }
+    free(out);
+    out = NULL;
+    if (exists(man) && k3t_runf(&out, NULL, "k3-verify %s", f->out) != 0)
+        bad(cell, "manifest.json published and k3-verify rejects it: %s", out ? out : "");
+    free(out);
+    free(err);
+}
+
+K3_TEST(faults_convert_resume_never_trusts_a_journal_value_that_reads_differently)
+{
+    fixture f;
+    fixture_make(&f, 0);
+    static const char *k1[3] = {"\"shards\"", "\"files\"", "\"unit_crcs\""};
+    static const char *k2[3] = {"\"sha256\":", "\"sha256\":", "["};
+    static const char *what[3] = {"the shard's SHA-256 (provenance)", "trunk-0000.k3t's SHA-256",
+                                  "unit 0's CRC32"};
+    for (int i = 0; i < 3; i++) {
+        convert_interrupted(&f);
+        char entry[4096];
+        join(entry, f.out, ".k3-convert-journal/group-0000.json");
+        uint64_t off = flip_after(entry, k1[i], k2[i]);
+        journal_value_cell(&f, "k3-convert", "group-0000.json", off, what[i], f.pk);
+    }
+    CHECK_EQ_INT(nbad, 0);
+}
+
+K3_TEST(faults_pack_resume_never_trusts_a_journal_value_that_reads_differently)
+{
+    fixture f;
+    fixture_make(&f, 1);
+    static const char *k1[2] = {"\"sha256\"", "\"crc32\""};
+    static const char *what[2] = {"trunk-0000.k3t's SHA-256", "unit 0's CRC32"};
+    for (int i = 0; i < 2; i++) {
+        clean(f.out);
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_PACK_CRASH=journaled:3 k3-pack --quiet --ram floor %s %s", f.pk, f.out),
+                     137);
+        char entry[4200];
+        snprintf(entry, sizeof entry, "%s.k3-pack-tmp/.k3-pack-journal/trunk-0000.k3t.json", f.out);
+        uint64_t off = flip_after(entry, k1[i], ":");
+        journal_value_cell(&f, "k3-pack", "trunk-0000.k3t.json", off, what[i], f.pf);
+    }
+    CHECK_EQ_INT(nbad, 0);
+}

@@ -3,7 +3,8 @@
  * own hash, schema, consistency), the directory listing against it (missing,
  * extra), every file's size, experts.idx, provenance against --sums, and
  * then either a sample of record CRCs (--quick) or every byte hashed with
- * every unit and record CRC checked (full).
+ * every unit and record CRC checked (full); embedding rows against embed.crc
+ * (a sample with --quick, every row in full).
  */
 #include <dirent.h>
 #include <inttypes.h>
@@ -22,6 +23,7 @@ typedef struct pstate {
     k3_man m;
     int *size_ok;               /* per file */
     k3_pk_record *recs;         /* NULL if experts.idx is unusable */
+    uint32_t *row_crc;          /* embed.crc; NULL if unusable */
 } pstate;
 
 static void check_listing(k3_vfy *v, pstate *s)
@@ -114,6 +116,95 @@ static void check_index(k3_vfy *v, pstate *s)
     free(buf);
 }
 
+/* embed.crc: its SHA-256 (it is not hashed again in full mode), then the
+ * table is kept for check_embed_rows */
+static void check_embed_crc(k3_vfy *v, pstate *s)
+{
+    const k3_pk_file *f = &s->m.files[s->m.embed_crc_file];
+    if (!s->size_ok[s->m.embed_crc_file])
+        return;
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", v->dir, f->name);
+    char *buf;
+    uint64_t len;
+    k3_err e = {0};
+    if (k3_io_read_file(path, 1ull << 32, &buf, &len, &e)) {
+        k3_vfy_problem(v, f->name, "%s", e.msg);
+        return;
+    }
+    uint8_t sha[32];
+    unsigned int hl = 0;
+    EVP_Digest(buf, (size_t)len, sha, &hl, EVP_sha256(), NULL);
+    v->files++;
+    v->bytes_hashed += len;
+    if (len != f->size || memcmp(sha, f->sha256, 32)) {
+        k3_vfy_problem(v, f->name, "SHA-256 mismatch: the embedding's row CRC table is not the one the manifest names");
+        free(buf);
+        return;
+    }
+    s->row_crc = malloc(len / 4 * sizeof *s->row_crc + 1);
+    if (!s->row_crc)
+        k3_vfy_problem(v, f->name, "not checked: out of memory");
+    for (uint64_t i = 0; s->row_crc && i < len / 4; i++) {
+        const uint8_t *b = (const uint8_t *)buf + 4 * i;
+        s->row_crc[i] = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    }
+    free(buf);
+}
+
+/* Each embedding row (every one in full mode, v->sample of them evenly
+ * spread with --quick) against its CRC32 in embed.crc. */
+static void check_embed_rows(k3_vfy *v, pstate *s)
+{
+    const k3_man *m = &s->m;
+    const k3_pk_tensor *t = NULL;
+    for (uint32_t i = 0; i < m->ntensors; i++)
+        if (!strcmp(m->tensors[i].name, "language_model.model.embed_tokens.weight"))
+            t = &m->tensors[i];
+    if (!s->row_crc)
+        return;
+    if (!t || t->ndim != 2 || t->shape[0] != m->cfg.vocab_size) {
+        k3_vfy_problem(v, "manifest.json", "no embedding table [vocab_size, hidden_size]");
+        return;
+    }
+    const uint64_t V = t->shape[0], rb = t->shape[1] * (t->dtype == K3_DT_F32 ? 4 : 2);
+    const uint64_t want = v->full ? V : (v->sample < V ? v->sample : V);
+    uint8_t *buf = malloc(rb ? rb : 1);
+    if (!buf)
+        return;
+    for (uint64_t k = 0; k < want; k++) {
+        uint64_t r = want > 1 ? k * (V - 1) / (want - 1) : 0;
+        const k3_pk_piece *pc = NULL;
+        for (uint32_t j = 0; j < t->npieces; j++)
+            if (r >= t->pieces[j].row_begin && r < t->pieces[j].row_end)
+                pc = &t->pieces[j];
+        if (!pc)
+            continue; /* the manifest's validation covers every row */
+        uint32_t fi = m->units[pc->unit].file;
+        if (!s->size_ok[fi])
+            continue;
+        const k3_pk_file *f = &m->files[fi];
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", v->dir, f->name);
+        uint64_t off = pc->offset + (r - pc->row_begin) * rb;
+        k3_err e = {0};
+        int fd = k3_io_open_read(path, 0, NULL, &e);
+        if (fd < 0 || k3_io_pread(fd, buf, rb, off, path, &e)) {
+            k3_vfy_problem(v, f->name, "%s", e.msg);
+            if (fd >= 0)
+                close(fd);
+            break;
+        }
+        close(fd);
+        uint32_t c = (uint32_t)crc32(crc32(0L, Z_NULL, 0), buf, (uInt)rb);
+        if (c != s->row_crc[r])
+            k3_vfy_problem(v, f->name, "embedding row %" PRIu64 " at offset %" PRIu64
+                           ": CRC32 mismatch (embed.crc says %08x, computed %08x)", r, off, s->row_crc[r], c);
+        v->crcs_checked++;
+    }
+    free(buf);
+}
+
 static void check_provenance(k3_vfy *v, pstate *s)
 {
     const k3_man *m = &s->m;
@@ -134,6 +225,19 @@ static void check_provenance(k3_vfy *v, pstate *s)
         if (memcmp(sum->sha256, m->src_shards[i].sha256, 32))
             k3_vfy_problem(v, "manifest.json", "provenance: shard %s: converted from bytes whose SHA-256 differs "
                            "from the sums file (another checkpoint, or a corrupted download)", m->src_shards[i].name);
+    }
+    /* the small source files (config, index, tokenizer) were hashed as read:
+     * with --sums, each one the sums file lists must match it. One it does not
+     * list is not a problem (as for an upstream directory, where only shards
+     * must be listed): publishers' lists often cover the large files only. */
+    for (uint32_t i = 0; v->sums && i < m->nsrc_files; i++) {
+        k3_vfy_sum *sum = k3_vfy_sums_find(v, m->src_files[i].name);
+        if (!sum)
+            continue;
+        sum->seen = 1;
+        if (memcmp(sum->sha256, m->src_files[i].sha256, 32))
+            k3_vfy_problem(v, "manifest.json", "provenance: source file %s: read as bytes whose SHA-256 differs "
+                           "from the sums file (a corrupted download or read)", m->src_files[i].name);
     }
     /* tokenizer files are copied byte for byte: they must be what the source had */
     for (uint32_t i = 0; i < m->nfiles; i++) {
@@ -225,8 +329,9 @@ static void full_hash(k3_vfy *v, pstate *s)
     int oom = 0;
     uint32_t *job_of = calloc(m->nfiles ? m->nfiles : 1, sizeof *job_of);
     for (uint32_t i = 0; job_of && i < m->nfiles; i++) {
-        if (!s->size_ok[i] || i == (s->m.has_experts ? s->m.expert_index_file : UINT32_MAX))
-            continue; /* experts.idx was hashed already */
+        if (!s->size_ok[i] || i == (s->m.has_experts ? s->m.expert_index_file : UINT32_MAX) ||
+            i == s->m.embed_crc_file)
+            continue; /* experts.idx and embed.crc were hashed already */
         k3_vfy_job *j = &jobs[nj];
         job_of[i] = nj + 1;
         snprintf(j->name, sizeof j->name, "%s", m->files[i].name);
@@ -311,12 +416,15 @@ int k3_vfy_packed(k3_vfy *v, k3_err *e)
     }
     check_listing(v, &s);
     check_index(v, &s);
+    check_embed_crc(v, &s);
     check_provenance(v, &s);
     if (v->full)
         full_hash(v, &s);
     else
         sample_records(v, &s);
+    check_embed_rows(v, &s);
     free(s.recs);
+    free(s.row_crc);
     free(s.size_ok);
     k3_man_free(&s.m);
     return 0;
