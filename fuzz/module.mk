@@ -23,6 +23,7 @@ FUZZ_NEEDS_manifest  = manifests/man.c manifests/pk.c common/cfg.c
 FUZZ_NEEDS_tok       = runtime/tok.c
 FUZZ_NEEDS_tok_text  = runtime/tok.c
 FUZZ_NEEDS_ids       = runtime/main.c
+FUZZ_NEEDS_trace     = pack/pack_trace.c
 # helper sources some targets share (fuzz/<name>.c)
 FUZZ_EXTRA_tok       = tok_check
 FUZZ_EXTRA_tok_text  = tok_check
