@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "conv.h"
+#include "k3_cli.h"
 #include "k3_err.h"
 #include "k3_io.h"
 
@@ -55,17 +56,6 @@ static void on_signal(int sig)
     k3_conv_interrupt();
 }
 
-static int parse_uint(const char *s, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     k3_conv_opts o = {0};
@@ -90,10 +80,12 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--quiet")) {
             o.quiet = 1;
         } else if (!strcmp(a, "--threads")) {
-            if (i + 1 >= argc || parse_uint(argv[++i], 1, 1024, &o.threads)) {
+            uint64_t t;
+            if (i + 1 >= argc || k3_cli_parse_u64(argv[++i], 1, 1024, &t)) {
                 fprintf(stderr, "k3-convert: error: --threads needs a number from 1 to 1024\n");
                 return K3_EXIT_USAGE;
             }
+            o.threads = (int)t;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "k3-convert: error: unknown option %s (see --help)\n", a);
             return K3_EXIT_USAGE;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "k3_cli.h"
 #include "k3_err.h"
 #include "k3_io.h"
 #include "k3_stream.h"
@@ -67,19 +68,6 @@ static void on_signal(int sig)
     k3_pack_interrupt();
 }
 
-static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    if (!s || *s < '0' || *s > '9')
-        return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 static int die(int code, const char *msg)
 {
     fprintf(stderr, "k3-pack: error: %s\n", msg);
@@ -108,13 +96,13 @@ int main(int argc, char **argv)
             snprintf(o.budget_arg, sizeof o.budget_arg, "%s", v);
             i++;
         } else if (!strcmp(a, "--unit-mb")) {
-            if (parse_u64(v, 0, 1u << 20, &n))
+            if (k3_cli_parse_u64(v, 0, 1u << 20, &n))
                 return die(K3_EARG, "--unit-mb needs a number of MiB from 0 to 1048576");
             o.unit_bytes = n << 20;
             o.unit_explicit = 1;
             i++;
         } else if (!strcmp(a, "--unit-bytes")) {   /* for tests: units below 1 MiB */
-            if (parse_u64(v, 4096, 1ull << 40, &n) || n % 4096)
+            if (k3_cli_parse_u64(v, 4096, 1ull << 40, &n) || n % 4096)
                 return die(K3_EARG, "--unit-bytes needs a multiple of 4096");
             o.unit_bytes = n;
             o.unit_explicit = 1;
@@ -141,7 +129,7 @@ int main(int argc, char **argv)
             o.trace_path = v;
             i++;
         } else if (!strcmp(a, "--ctx") || !strcmp(a, "--chunk") || !strcmp(a, "--threads")) {
-            if (parse_u64(v, 1, 1u << 24, &n))
+            if (k3_cli_parse_u64(v, 1, 1u << 24, &n))
                 return die(K3_EARG, "--ctx, --chunk and --threads need a count from 1 to 16777216");
             if (!strcmp(a, "--ctx"))
                 o.max_ctx = (uint32_t)n;
@@ -151,7 +139,7 @@ int main(int argc, char **argv)
                 o.nthreads = (uint32_t)n;
             i++;
         } else if (!strcmp(a, "--baseline")) {
-            if (parse_u64(v, 1, 1ull << 50, &n))
+            if (k3_cli_parse_u64(v, 1, 1ull << 50, &n))
                 return die(K3_EARG, "--baseline needs a number of bytes");
             o.baseline = n;
             i++;

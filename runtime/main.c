@@ -24,6 +24,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "k3_cli.h"
 #include "k3_err.h"
 #include "k3_gen.h"
 #include "k3_io.h"
@@ -103,19 +104,6 @@ static int dief(int code, const char *fmt, const char *arg)
     char buf[2048];
     snprintf(buf, sizeof buf, fmt, arg);
     return die(code, buf);
-}
-
-static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ')
-        return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 static int parse_f(const char *s, double lo, double hi, double *out)
@@ -428,23 +416,23 @@ int main(int argc, char **argv)
             logits_all_path = v;
         } else if (!strcmp(a, "--gen")) {
             NEEDV();
-            if (parse_u64(v, 0, 1u << 24, &gen))
+            if (k3_cli_parse_u64(v, 0, 1u << 24, &gen))
                 return dief(K3_EARG, "--gen: '%s' is not a count from 0 to 16777216", v);
         } else if (!strcmp(a, "--chunk")) {
             NEEDV();
-            if (parse_u64(v, 1, 1u << 16, &chunk))
+            if (k3_cli_parse_u64(v, 1, 1u << 16, &chunk))
                 return dief(K3_EARG, "--chunk: '%s' is not a count from 1 to 65536", v);
         } else if (!strcmp(a, "--threads")) {
             NEEDV();
-            if (parse_u64(v, 1, 1024, &threads))
+            if (k3_cli_parse_u64(v, 1, 1024, &threads))
                 return dief(K3_EARG, "--threads: '%s' is not a count from 1 to 1024", v);
         } else if (!strcmp(a, "--top-k")) {
             NEEDV();
-            if (parse_u64(v, 0, UINT32_MAX, &top_k))
+            if (k3_cli_parse_u64(v, 0, UINT32_MAX, &top_k))
                 return dief(K3_EARG, "--top-k: '%s' is not a count", v);
         } else if (!strcmp(a, "--seed")) {
             NEEDV();
-            if (parse_u64(v, 0, UINT64_MAX, &seed))
+            if (k3_cli_parse_u64(v, 0, UINT64_MAX, &seed))
                 return dief(K3_EARG, "--seed: '%s' is not an unsigned 64-bit number", v);
         } else if (!strcmp(a, "--temperature")) {
             NEEDV();

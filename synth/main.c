@@ -6,6 +6,7 @@
  */
 #include "synth.h"
 
+#include "k3_cli.h"
 #include "k3_kern.h"
 
 #include <cjson/cJSON.h>
@@ -76,19 +77,6 @@ static int die(int status, const char *fmt, ...)
     return status;
 }
 
-static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    if (!s || !*s || *s == '-' || *s == '+')
-        return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 /* "123", "512K", "5G" (binary units). */
 static int parse_size(const char *s, uint64_t *out)
 {
@@ -142,15 +130,15 @@ int main(int argc, char **argv)
             preset = v;
         } else if (!strcmp(a, "--layers")) {
             NEED_VALUE();
-            if (parse_u64(v, 1, K3_SYNTH_MAX_LAYERS, &layers))
+            if (k3_cli_parse_u64(v, 1, K3_SYNTH_MAX_LAYERS, &layers))
                 return die(K3_EXIT_USAGE, "--layers: '%s' is not a number in 1..%u", v, K3_SYNTH_MAX_LAYERS);
         } else if (!strcmp(a, "--vocab")) {
             NEED_VALUE();
-            if (parse_u64(v, 1, 1u << 24, &vocab))
+            if (k3_cli_parse_u64(v, 1, 1u << 24, &vocab))
                 return die(K3_EXIT_USAGE, "--vocab: '%s' is not a number in 1..%u", v, 1u << 24);
         } else if (!strcmp(a, "--seed")) {
             NEED_VALUE();
-            if (parse_u64(v, 0, UINT64_MAX, &seed))
+            if (k3_cli_parse_u64(v, 0, UINT64_MAX, &seed))
                 return die(K3_EXIT_USAGE, "--seed: '%s' is not an unsigned 64-bit number", v);
         } else if (!strcmp(a, "--shard-size")) {
             NEED_VALUE();
@@ -158,7 +146,7 @@ int main(int argc, char **argv)
                 return die(K3_EXIT_USAGE, "--shard-size: '%s' is not a size of at least 4096 bytes (e.g. 512K, 5G)", v);
         } else if (!strcmp(a, "--threads")) {
             NEED_VALUE();
-            if (parse_u64(v, 1, 256, &threads))
+            if (k3_cli_parse_u64(v, 1, 256, &threads))
                 return die(K3_EXIT_USAGE, "--threads: '%s' is not a number in 1..256", v);
         } else if (!strcmp(a, "--chunk")) {
             NEED_VALUE();

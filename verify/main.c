@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "k3_cli.h"
 #include "k3_err.h"
 #include "k3_io.h"
 #include "vfy.h"
@@ -46,17 +47,6 @@ static void usage(FILE *f)
             "3 bad --sums file, 4 PATH missing or unreadable, 6 out of memory.\n");
 }
 
-static int parse_num(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 static int has_suffix_file(const char *dir, const char *a, const char *b)
 {
     char p[4400];
@@ -71,7 +61,7 @@ int main(int argc, char **argv)
     k3_vfy v = {.full = 1, .out = stdout, .sample = 32};
     const char *path = NULL, *sums = NULL;
     int quiet = 0;
-    long n;
+    uint64_t n;
     v.threads = omp_get_num_procs();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -91,7 +81,7 @@ int main(int argc, char **argv)
             }
             sums = argv[++i];
         } else if (!strcmp(a, "--threads") || !strcmp(a, "--sample")) {
-            if (i + 1 >= argc || parse_num(argv[i + 1], a[2] == 't' ? 1 : 0, a[2] == 't' ? 1024 : 1000000, &n)) {
+            if (i + 1 >= argc || k3_cli_parse_u64(argv[i + 1], a[2] == 't' ? 1 : 0, a[2] == 't' ? 1024 : 1000000, &n)) {
                 fprintf(stderr, "k3-verify: error: %s needs a number (%s)\n", a,
                         a[2] == 't' ? "1..1024" : "0..1000000");
                 return K3_EXIT_USAGE;
