@@ -368,8 +368,26 @@ static int has_tokenizer(const char *dir)
     return access(p, R_OK) == 0;
 }
 
+/* libgomp's default wait policy keeps a thread spinning for a while after
+ * every parallel region. k3-run ends a region and then often waits for a read
+ * (a streamed piece, an expert) while the I/O threads need the CPU for their
+ * CRCs, and on a shared machine other processes need it too: measured on the
+ * k3-width checkpoint (2 cores shared, load average 4-5; runtime/STREAM.md),
+ * decode at the floor took 4.3 s/token spinning and 3.5 s passive, and 1.3
+ * vs 0.66 s at 16 GiB. The
+ * policy is read once when libgomp loads, before main, so k3-run sets
+ * OMP_WAIT_POLICY=passive and executes itself again unless the caller chose
+ * a policy (any value is kept). If the exec fails the run goes on as is. */
+static void passive_omp(char **argv)
+{
+    if (getenv("OMP_WAIT_POLICY") || setenv("OMP_WAIT_POLICY", "passive", 1) != 0)
+        return;
+    execv("/proc/self/exe", argv);
+}
+
 int main(int argc, char **argv)
 {
+    passive_omp(argv);
     const char *model_dir = NULL, *prompt = NULL, *prompt_file = NULL, *ids_arg = NULL, *tok_dir = NULL;
     const char *logits_path = NULL, *logits_all_path = NULL;
     uint64_t gen = 64, chunk = 64, threads = 0, top_k = 0, seed = 0;

@@ -151,6 +151,25 @@ K3_TEST(run_text_in_text_out_and_json_agree)
     free(json);
 }
 
+/* k3-run runs its OpenMP threads passive unless the caller set a policy
+ * (runtime/main.c passive_omp: it sets the variable and executes itself
+ * again). libgomp shows what it uses with OMP_DISPLAY_ENV: a spin count of 0
+ * is passive; it reads the variable before main, so a setenv alone shows the
+ * default 300000. */
+K3_TEST(run_waits_passively_unless_told_otherwise)
+{
+    const char *ck = tiny();
+    char *err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "env -u OMP_WAIT_POLICY OMP_DISPLAY_ENV=verbose k3-run %s --ids 3,4,5 --gen 2",
+                          ck), 0);
+    CHECK_STR_CONTAINS(err, "GOMP_SPINCOUNT = '0'");
+    free(err);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "OMP_WAIT_POLICY=active OMP_DISPLAY_ENV=verbose k3-run %s --ids 3,4,5 --gen 2",
+                          ck), 0);
+    CHECK(strstr(err, "GOMP_SPINCOUNT = '0'") == NULL);
+    free(err);
+}
+
 K3_TEST(run_ids_without_tokenizer_print_ids)
 {
     const char *ck = tiny();
