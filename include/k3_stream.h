@@ -59,9 +59,18 @@ typedef struct k3_stream_opts {
     uint64_t io_chunk;        /* trunk reads are split in chunks of this (0: 16 MiB) */
     int trunk_crc;            /* CRC32-check trunk units too (1 by default via k3_stream_opts_init) */
     const char *trace_path;   /* write expert requests here (NULL: no trace) */
-    uint64_t piece_bytes;     /* stream the dense MLP and lm_head matrices larger than
-                               * this in row pieces of at most this (0: whole groups) */
+    uint64_t piece_bytes;     /* stream the weight matrices larger than this in row
+                               * pieces of at most this (0: whole groups); default
+                               * K3_STREAM_PIECE_DEFAULT */
 } k3_stream_opts;
+
+/* The default row piece (k3-run --ram-piece, k3-pack). 16 MiB: every matrix
+ * of a K3 layer but a few small ones (the router, MLA's kv_a and kv_b) then
+ * flows through the double-buffered piece ring, so the cores read through
+ * the single-slot ring at the floor stay small (a core read is time the
+ * model waits with nothing else read) and the floor drops; measured on the
+ * k3-width checkpoint against 32, 64 and 128 MiB in runtime/STREAM.md. */
+#define K3_STREAM_PIECE_DEFAULT (16ull << 20)
 
 void k3_stream_opts_init(k3_stream_opts *o);
 

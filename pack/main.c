@@ -41,7 +41,7 @@ static void usage(FILE *f)
             "  --split-rows        with --unit-mb: split larger tensors by row ranges\n"
             "                      (k3-run without --ram runs such layouts; k3-run --ram\n"
             "                      streams row pieces itself and refuses them)\n"
-            "  --ram-piece SIZE    k3-run's --ram-piece the floor is computed for (128M)\n"
+            "  --ram-piece SIZE    k3-run's --ram-piece the floor is computed for (16M)\n"
             "  --pin LIST          pinned trunk groups: auto (k3-run's plan at SIZE), none,\n"
             "                      all, or a list like 0-3,7,head\n"
             "  --expert-order TRACE  order each MoE layer's records by use in TRACE (from\n"

@@ -64,7 +64,7 @@ typedef struct k3_pack_opts {
     uint64_t unit_bytes;        /* with unit_explicit: 0 = one unit per layer */
     int unit_explicit;
     int split_rows;             /* cut tensors larger than unit_bytes by rows */
-    uint64_t piece_bytes;       /* k3-run --ram-piece assumed (default: k3-run's, 128 MiB) */
+    uint64_t piece_bytes;       /* k3-run --ram-piece assumed (default: k3-run's, K3_STREAM_PIECE_DEFAULT) */
     int pin_mode;               /* K3_PACK_PIN_* */
     uint8_t pin[K3_CFG_MAX_LAYERS + 1];   /* K3_PACK_PIN_LIST: per stream group (head last) */
     const char *trace_path;     /* --expert-order */

@@ -47,7 +47,7 @@ void k3_pack_opts_init(k3_pack_opts *o)
     o->max_chunk = 64;
     o->nthreads = 1;
     o->baseline = K3_PACK_BASELINE;
-    o->piece_bytes = 128ull << 20;
+    o->piece_bytes = K3_STREAM_PIECE_DEFAULT;
 }
 
 int k3_pack_parse_budget(const char *s, uint64_t *out, k3_err *e)

@@ -69,9 +69,9 @@ static void usage(FILE *f)
             "                         everything resident\n"
             "  --plan                 with --ram: print the memory plan and exit\n"
             "  --trace FILE           with --ram: write every expert request to FILE\n"
-            "  --ram-piece SIZE       with --ram: stream the dense MLP and lm_head matrices larger\n"
-            "                         than SIZE in row pieces of at most SIZE (default 128M;\n"
-            "                         0: whole layers only)\n"
+            "  --ram-piece SIZE       with --ram: stream the weight matrices larger than SIZE\n"
+            "                         in row pieces of at most SIZE (default 16M; 0: whole\n"
+            "                         layers only)\n"
             "  --no-trunk-crc         with --ram: do not CRC-check streamed trunk units (expert\n"
             "                         records and pinned units are always checked)\n"
             "output:\n"
@@ -396,7 +396,7 @@ int main(int argc, char **argv)
     const char *ram_arg = NULL, *trace_path = NULL;
     uint64_t ram = 0;
     int plan_only = 0, trunk_crc = 1;
-    uint64_t piece = 128ull << 20;
+    uint64_t piece = K3_STREAM_PIECE_DEFAULT;
     k3_io_fault_reset();
 
     for (int i = 1; i < argc; i++) {

@@ -34,7 +34,7 @@ void k3_stream_opts_init(k3_stream_opts *o)
     o->nthreads = 1;
     o->io_threads = 4;
     o->trunk_crc = 1;
-    o->piece_bytes = 128ull << 20;
+    o->piece_bytes = K3_STREAM_PIECE_DEFAULT;
 }
 
 int k3_stream_parse_budget(const char *s, uint64_t *out, k3_err *e)
