@@ -4,9 +4,13 @@
  * on a `k3-synth --preset k3-width` checkpoint: with --layers 3, layer 0 is
  * KDA+dense, layer 1 KDA+MoE, layer 2 MLA+MoE; the default 2 layers (22 GB
  * instead of 38) have no KDA+MoE layer, and --compose builds one from layer
- * 0's attention and layer 1's MoE (see ws_compose). Do not use --sparse checkpoints for the MoE figure: all-zero
- * expert bytes mean E8M0 scale 0 = 2^-127, a float32 denormal, which sends
- * the MXFP4 kernel down the CPU's slow denormal path. Weights are made resident by a warm-up
+ * 0's attention and layer 1's MoE (see ws_compose). A --sparse checkpoint
+ * (all-zero weights) times the same as a random one: the AVX-512 and AVX2
+ * MXFP4 kernels look the weights up in k3_kern_mx_table, whose scale-0 row
+ * holds +0.0 for nibble 0 (never a denormal), and the bf16 kernel has no
+ * data-dependent branch (runtime/STREAM.md "Figures"); only the scalar
+ * reference path multiplies by the denormal 2^-127 and is about 25% slower
+ * on zeros. Weights are made resident by a warm-up
  * pass (the same tokens route to the same experts), then each repetition
  * resets the session and runs the same chunk; compute time only.
  *
