@@ -19,9 +19,12 @@
  * 8-row blocks without a scale-255 group skip the per-group test
  * (mx_t1_8_clean; K3_MX_T1=checked forces mx_t1_tile). For
  * T > 1 the decode uses vpmultishiftqb (AVX512-VBMI) or vpshufb + vpsrlvd to
- * put the nibbles in element order, and the work runs in panels of rows and
+ * put the nibbles in element order, and the work runs in panels of 8 rows and
  * chunks of columns with the lanes parked in a stack buffer between chunks
- * (see mx_batched). Groups with scale 255 are skipped, as in ref.c.
+ * (see mx_batched): a chunk without scale 255 is decoded once into a small
+ * buffer of f32 weights (16 KiB, L1) and multiplied by register tiles of
+ * 4 rows x 3 vectors (mxb_*; K3_MX_BATCH=checked forces the per-block
+ * decode of mxc_*). Groups with scale 255 are skipped, as in ref.c.
  *
  * None of this changes the per-output order: every lane takes its columns in
  * increasing order, and fold32 is the ref.c tree.
@@ -262,11 +265,14 @@ AI void mx_tile_shuf(const uint8_t *packed, const uint8_t *scales, uint64_t rows
  * the panel's slice of weights (8 x 256 B) stays in L1 for all blocks. The 32
  * lanes of every (row, vector) live in accb between chunks; each lane still
  * takes its columns in increasing order, so the result is the ref.c one.
- * The weights come from memory once per call (per 64 vectors).
+ * Vectors go in slices of MX_TSLICE inside each panel, so the weights come
+ * from memory once per call whatever T is. This per-block decode (mxc_*)
+ * serves chunks with a scale-255 group and row tails; the others take the
+ * decode-once loop below (mxb_*). Stack: accb 32 KiB + wbuf 16 KiB.
  */
 #define MX_PANEL 8
 #define MX_CHUNK 16
-#define MX_TSLICE 64
+#define MX_TSLICE 32
 
 #define MX_CHUNK_BODY(DECODE)                                                             \
     uint64_t groups = cols / 32;                                                          \
@@ -344,19 +350,192 @@ static const struct mx_chunks mxc_shuf = {
     {0, mxc_shuf_2x1, mxc_shuf_2x2, mxc_shuf_2x3, mxc_shuf_2x4, mxc_shuf_2x5, mxc_shuf_2x6},
     {0, mxc_shuf_1x1, mxc_shuf_1x2, mxc_shuf_1x3, mxc_shuf_1x4, mxc_shuf_1x5, mxc_shuf_1x6}};
 
-static void mx_batched(const struct mx_chunks *k, const uint8_t *packed, const uint8_t *scales,
-                       uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y,
-                       uint64_t r0, uint64_t r1)
+/*
+ * T > 1, panels without a scale-255 group (the usual case): decode once,
+ * multiply many. The MX_PANEL rows' weights of one chunk (MX_CHUNK groups)
+ * are decoded once into wbuf, exact f32 table values in element order, laid
+ * out [tile of 4 rows][group][row][32] so that a tile reads one stream; then
+ * every block of 2 or 3 vectors runs a register tile of 4 rows x TB vectors
+ * (mxb_tile: 8 TB accumulators, one x load per 4 FMAs, one weight load per
+ * TB FMAs) over the chunk. The decode (4 vector operations per row-group)
+ * is thus paid once per chunk instead of once per 6 vectors. The lanes,
+ * their columns and the order in which they take them are those of the
+ * mxc_* loop above: same bits. A chunk in which some row has a 255 scale
+ * runs the mxc_* loop instead (it skips those groups).
+ */
+#define MXB_ROWS 4
+
+AI void mxb_tile(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t,
+                 float *accb, uint64_t acc_t, uint64_t ng, const int TB)
 {
+    __m512 acc[MXB_ROWS][3][2];
+    const float *x[3];
+#pragma GCC unroll 4
+    for (int i = 0; i < MXB_ROWS; i++)
+#pragma GCC unroll 3
+        for (int j = 0; j < TB; j++) {
+            acc[i][j][0] = _mm512_load_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32);
+            acc[i][j][1] = _mm512_load_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32 + 16);
+        }
+#pragma GCC unroll 3
+    for (int j = 0; j < TB; j++)
+        x[j] = X + (uint64_t)(t + (uint32_t)j) * cols + c0;
+    for (uint64_t g = 0; g < ng; g++) {
+        __m512 xv[3][2];
+#pragma GCC unroll 3
+        for (int j = 0; j < TB; j++) {
+            xv[j][0] = _mm512_loadu_ps(x[j] + g * 32);
+            xv[j][1] = _mm512_loadu_ps(x[j] + g * 32 + 16);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MXB_ROWS; i++) {
+            const float *w = wb + (g * MXB_ROWS + (uint64_t)i) * 32;
+            __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16);
+            /* one load per weight vector, not one per FMA (GCC would fold
+             * the load into each FMA and make the tile load-bound) */
+            __asm__("" : "+v"(w0), "+v"(w1));
+#pragma GCC unroll 3
+            for (int j = 0; j < TB; j++) {
+                acc[i][j][0] = _mm512_fmadd_ps(w0, xv[j][0], acc[i][j][0]);
+                acc[i][j][1] = _mm512_fmadd_ps(w1, xv[j][1], acc[i][j][1]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MXB_ROWS; i++)
+#pragma GCC unroll 3
+        for (int j = 0; j < TB; j++) {
+            _mm512_store_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32, acc[i][j][0]);
+            _mm512_store_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32 + 16, acc[i][j][1]);
+        }
+}
+
+typedef void (*mxb_tile_fn)(const float *, const float *, uint64_t, uint64_t, uint32_t, float *,
+                            uint64_t, uint64_t);
+static void mxb_tile_1(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t acc_t, uint64_t ng) { mxb_tile(wb, X, cols, c0, t, accb, acc_t, ng, 1); }
+static void mxb_tile_2(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t acc_t, uint64_t ng) { mxb_tile(wb, X, cols, c0, t, accb, acc_t, ng, 2); }
+static void mxb_tile_3(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t acc_t, uint64_t ng) { mxb_tile(wb, X, cols, c0, t, accb, acc_t, ng, 3); }
+
+/* The first block of vectors (TB 1 or 2) of a 4-row tile decodes as it
+ * goes: each row-group is decoded once from its nibbles, stored to wb for
+ * the later blocks, and multiplied at once, so the decode's shuffles share
+ * the ports with FMAs instead of running alone. */
+#define MXB_DTILE_BODY(DECODE)                                                            \
+    uint64_t groups = cols / 32;                                                          \
+    __m512 acc[MXB_ROWS][2][2];                                                           \
+    const float *x[2];                                                                    \
+    _Pragma("GCC unroll 4") for (int i = 0; i < MXB_ROWS; i++)                            \
+        _Pragma("GCC unroll 2") for (int j = 0; j < TB; j++) {                            \
+            acc[i][j][0] = _mm512_load_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32); \
+            acc[i][j][1] = _mm512_load_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32 + 16); \
+        }                                                                                 \
+    _Pragma("GCC unroll 2") for (int j = 0; j < TB; j++)                                  \
+        x[j] = X + (uint64_t)(t + (uint32_t)j) * cols + g0 * 32;                          \
+    const uint8_t *sc = scales + r * groups + g0, *p = packed + r * (cols / 2) + g0 * 16; \
+    for (uint64_t g = 0; g < ng; g++) {                                                   \
+        __m512 xv[2][2];                                                                  \
+        _Pragma("GCC unroll 2") for (int j = 0; j < TB; j++) {                            \
+            xv[j][0] = _mm512_loadu_ps(x[j] + g * 32);                                    \
+            xv[j][1] = _mm512_loadu_ps(x[j] + g * 32 + 16);                               \
+        }                                                                                 \
+        _Pragma("GCC unroll 4") for (int i = 0; i < MXB_ROWS; i++) {                      \
+            __m512 w0, w1;                                                                \
+            DECODE(p + (uint64_t)i * (cols / 2) + g * 16,                                 \
+                   _mm512_load_ps(k3_kern_mx_table[sc[(uint64_t)i * groups + g]]), &w0, &w1); \
+            float *o = wb + (g * MXB_ROWS + (uint64_t)i) * 32;                            \
+            _mm512_store_ps(o, w0);                                                       \
+            _mm512_store_ps(o + 16, w1);                                                  \
+            _Pragma("GCC unroll 2") for (int j = 0; j < TB; j++) {                        \
+                acc[i][j][0] = _mm512_fmadd_ps(w0, xv[j][0], acc[i][j][0]);               \
+                acc[i][j][1] = _mm512_fmadd_ps(w1, xv[j][1], acc[i][j][1]);               \
+            }                                                                             \
+        }                                                                                 \
+    }                                                                                     \
+    _Pragma("GCC unroll 4") for (int i = 0; i < MXB_ROWS; i++)                            \
+        _Pragma("GCC unroll 2") for (int j = 0; j < TB; j++) {                            \
+            _mm512_store_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32, acc[i][j][0]); \
+            _mm512_store_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32 + 16, acc[i][j][1]); \
+        }
+
+typedef void (*mxb_dtile_fn)(const uint8_t *, const uint8_t *, uint64_t, uint64_t, uint64_t,
+                             uint64_t, float *, const float *, uint32_t, float *, uint64_t);
+#define MXB_DTILE_FN(KIND, ATTR, TB_)                                                     \
+    ATTR static void mxb_dtile_##KIND##_##TB_(const uint8_t *packed, const uint8_t *scales, \
+                                              uint64_t cols, uint64_t r, uint64_t g0,      \
+                                              uint64_t ng, float *wb, const float *X,      \
+                                              uint32_t t, float *accb, uint64_t acc_t)     \
+    {                                                                                     \
+        const int TB = TB_;                                                               \
+        MXB_DTILE_BODY(mx_decode_##KIND)                                                  \
+    }
+MXB_DTILE_FN(vbmi, __attribute__((target("avx512vbmi"))), 1)
+MXB_DTILE_FN(vbmi, __attribute__((target("avx512vbmi"))), 2)
+MXB_DTILE_FN(shuf, , 1)
+MXB_DTILE_FN(shuf, , 2)
+
+/* 1 if one of the MX_PANEL rows from r has scale 255 in groups [g0, g1). */
+static int mxb_has255(const uint8_t *scales, uint64_t groups, uint64_t r, uint64_t g0, uint64_t g1)
+{
+    __mmask64 bad = 0;
+    for (uint64_t i = 0; i < MX_PANEL; i++)
+        for (uint64_t g = g0; g < g1; g += 64) {
+            uint64_t n = g1 - g < 64 ? g1 - g : 64;
+            __mmask64 m = n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
+            __m512i v = _mm512_maskz_loadu_epi8(m, scales + (r + i) * groups + g);
+            bad |= _mm512_mask_cmpeq_epi8_mask(m, v, _mm512_set1_epi8(-1));
+        }
+    return bad != 0;
+}
+
+/* K3_MX_BATCH=checked forces the mxc_* loop for every chunk (tests cover both). */
+static int mxb_allowed(void)
+{
+    static int pick; /* 0 unknown, 1 allowed, 2 forced off */
+    int p = __atomic_load_n(&pick, __ATOMIC_ACQUIRE);
+    if (!p) {
+        const char *force = getenv("K3_MX_BATCH");
+        p = force && !strcmp(force, "checked") ? 2 : 1;
+        __atomic_store_n(&pick, p, __ATOMIC_RELEASE);
+    }
+    return p == 1;
+}
+
+static void mx_batched(const struct mx_chunks *k, const mxb_dtile_fn *dtile,
+                       const uint8_t *packed, const uint8_t *scales, uint64_t rows,
+                       uint64_t cols, const float *X, uint32_t T, float *Y, uint64_t r0,
+                       uint64_t r1)
+{
+    static const mxb_tile_fn tiles[4] = {0, mxb_tile_1, mxb_tile_2, mxb_tile_3};
     _Alignas(64) float accb[MX_PANEL * MX_TSLICE * 32];
+    _Alignas(64) float wbuf[MX_PANEL * MX_CHUNK * 32];
     uint64_t groups = cols / 32;
-    for (uint32_t ts = 0; ts < T; ts += MX_TSLICE) {
-        uint32_t nt = T - ts < MX_TSLICE ? T - ts : MX_TSLICE;
-        for (uint64_t rp = r0; rp < r1; rp += MX_PANEL) {
-            uint64_t np = r1 - rp < MX_PANEL ? r1 - rp : MX_PANEL;
+    int fast = mxb_allowed();
+    /* panels outside, vector slices inside: a panel's weights (MX_PANEL
+     * rows) come from memory once per call whatever T is */
+    for (uint64_t rp = r0; rp < r1; rp += MX_PANEL) {
+        uint64_t np = r1 - rp < MX_PANEL ? r1 - rp : MX_PANEL;
+        for (uint32_t ts = 0; ts < T; ts += MX_TSLICE) {
+            uint32_t nt = T - ts < MX_TSLICE ? T - ts : MX_TSLICE;
             memset(accb, 0, np * nt * 32 * sizeof(float));
             for (uint64_t g0 = 0; g0 < groups; g0 += MX_CHUNK) {
                 uint64_t g1 = groups - g0 < MX_CHUNK ? groups : g0 + MX_CHUNK;
+                if (fast && np == MX_PANEL && !mxb_has255(scales, groups, rp, g0, g1)) {
+                    /* first block decodes (1 or 2 vectors), then blocks of 3,
+                     * the last ones 2 + 2 rather than 3 + 1 */
+                    uint32_t t = nt >= 2 ? 2 : 1;
+                    for (uint64_t q = 0; q < MX_PANEL / MXB_ROWS; q++)
+                        dtile[t](packed, scales, cols, rp + q * MXB_ROWS, g0, g1 - g0,
+                                 wbuf + q * MX_CHUNK * MXB_ROWS * 32, X, ts,
+                                 accb + q * MXB_ROWS * nt * 32, nt);
+                    while (t < nt) {
+                        uint32_t left = nt - t, tb = left == 4 || left == 2 ? 2 : left >= 3 ? 3 : 1;
+                        for (uint64_t q = 0; q < MX_PANEL / MXB_ROWS; q++)
+                            tiles[tb](wbuf + q * MX_CHUNK * MXB_ROWS * 32, X, cols, g0 * 32, ts + t,
+                                      accb + (q * MXB_ROWS * nt + t) * 32, nt, g1 - g0);
+                        t += tb;
+                    }
+                    continue;
+                }
                 for (uint32_t t = 0; t < nt; t += 6) {
                     uint32_t tb = nt - t < 6 ? nt - t : 6;
                     uint64_t i = 0;
@@ -398,10 +577,11 @@ MX_TILE_FN(shuf, , 1, 1)
 struct mx_tiles {
     mx_tile_fn t4x1, t1x1;
     const struct mx_chunks *chunks;
+    mxb_dtile_fn dtile[3];
 };
 
-static const struct mx_tiles mx_vbmi = {mx_vbmi_4x1, mx_vbmi_1x1, &mxc_vbmi};
-static const struct mx_tiles mx_shuf = {mx_shuf_4x1, mx_shuf_1x1, &mxc_shuf};
+static const struct mx_tiles mx_vbmi = {mx_vbmi_4x1, mx_vbmi_1x1, &mxc_vbmi, {0, mxb_dtile_vbmi_1, mxb_dtile_vbmi_2}};
+static const struct mx_tiles mx_shuf = {mx_shuf_4x1, mx_shuf_1x1, &mxc_shuf, {0, mxb_dtile_shuf_1, mxb_dtile_shuf_2}};
 
 /* K3_MX_DECODE=shuf forces the non-VBMI decode (tests cover both). */
 static const struct mx_tiles *mx_tiles_pick(void)
@@ -625,7 +805,7 @@ static void avx512_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, ui
             k->t1x1(packed, scales, rows, cols, X, Y, r, 0);
         return;
     }
-    mx_batched(k->chunks, packed, scales, rows, cols, X, T, Y, r0, r1);
+    mx_batched(k->chunks, k->dtile, packed, scales, rows, cols, X, T, Y, r0, r1);
 }
 
 const k3_kern_path k3_kern_path_avx512 = {
