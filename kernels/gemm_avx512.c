@@ -680,6 +680,12 @@ static void mx_t1_1(const uint8_t *packed, const uint8_t *scales, uint64_t rows,
  * The lanes and their order are exactly those of mx_t1_tile.
  */
 #define MX_T1_MAX_GROUPS (MX_T1_MAX_COLS / 32)
+#ifndef MX_T1_PF_BLOCKS
+#define MX_T1_PF_BLOCKS 1 /* prefetch distance in 8-row blocks */
+#endif
+#ifndef MX_T1_PF_HINT
+#define MX_T1_PF_HINT _MM_HINT_T0
+#endif
 
 /* Fills off for rows sc[0..8) (groups scales each); 1 if any scale is 255. */
 static int mx_t1_offsets(const uint8_t *sc, uint64_t groups, uint32_t *off)
@@ -713,11 +719,11 @@ __attribute__((noinline)) static void mx_t1_8_clean(const uint8_t *packed, const
      * scales now, its packed bytes two lines per group; without a next
      * block the lines fetched are this block's own (no branch in the loop) */
     const char *pf_p = (const char *)(packed + r * rs);
-    if (r + 16 <= r_end) {
-        pf_p += 8 * rs;
-        const char *pf_s = (const char *)(scales + (r + 8) * groups);
+    if (r + 8 * (MX_T1_PF_BLOCKS + 1) <= r_end) {
+        pf_p += 8 * MX_T1_PF_BLOCKS * rs;
+        const char *pf_s = (const char *)(scales + (r + 8 * MX_T1_PF_BLOCKS) * groups);
         for (uint64_t b = 0; b < 8 * groups; b += 64)
-            _mm_prefetch(pf_s + b, _MM_HINT_T0);
+            _mm_prefetch(pf_s + b, MX_T1_PF_HINT);
     }
     __m512 acc[8][2];
 #pragma GCC unroll 8
@@ -725,8 +731,8 @@ __attribute__((noinline)) static void mx_t1_8_clean(const uint8_t *packed, const
         acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     const uint8_t *b0 = packed + r * rs, *b4 = b0 + 4 * rs;
     for (uint64_t g = 0; g < groups; g++) {
-        _mm_prefetch(pf_p + g * 128, _MM_HINT_T0);
-        _mm_prefetch(pf_p + g * 128 + 64, _MM_HINT_T0);
+        _mm_prefetch(pf_p + g * 128, MX_T1_PF_HINT);
+        _mm_prefetch(pf_p + g * 128 + 64, MX_T1_PF_HINT);
         __m512 xe = _mm512_load_ps(xp + g * 32), xo = _mm512_load_ps(xp + g * 32 + 16);
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {

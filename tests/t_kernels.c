@@ -594,21 +594,29 @@ K3_TEST(kern_bf16_product_close_to_double)
  * group contributes its subnormal products; -0 weights keep their sign. */
 K3_TEST(kern_mx_scale_255_skips_group_even_against_inf)
 {
-    enum { C = 96 };
-    uint8_t p[C / 2], s[3] = {127, 255, 0};
-    float X[C], Y[3][1];
-    for (int i = 0; i < C / 2; i++)
+    enum { C = 96, R = 9, TMAX = 16 };
+    uint8_t p[R * C / 2], s[R * 3];
+    float X[TMAX * C], Y[3][TMAX * R];
+    for (int i = 0; i < R * C / 2; i++)
         p[i] = 0x22;                                                 /* 1.0, 1.0 */
-    for (int i = 0; i < C; i++)
-        X[i] = 1.0f;
-    X[40] = INFINITY;
-    X[41] = NAN;
-    for (size_t k = 0; k < 3; k++) {
-        const char *isa = k == 0 ? "scalar" : isas[k - 1];
-        if (!k3_kern_supported(isa))
-            continue;
-        k3_kern_path_find(isa)->gemm_mx_rows(p, s, 1, C, X, 1, Y[k], 0, 1);
-        CHECK(Y[k][0] == 32.0f + 32 * 0x1p-127f);
+    for (int r = 0; r < R; r++)
+        s[3 * r] = 127, s[3 * r + 1] = 255, s[3 * r + 2] = 0;
+    for (int i = 0; i < TMAX * C; i++)
+        X[i] = i % C == 40 ? INFINITY : i % C == 41 ? NAN : 1.0f;
+    /* one row and T = 1, then 9 rows (a panel of 8 and a tail) at T > 1:
+     * every product path and block shape meets the skipped group */
+    static const uint32_t Ts[] = {1, 2, 3, 5, 16};
+    for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+        uint32_t T = Ts[ti];
+        uint64_t rows = T == 1 ? 1 : R;
+        for (size_t k = 0; k < 3; k++) {
+            const char *isa = k == 0 ? "scalar" : isas[k - 1];
+            if (!k3_kern_supported(isa))
+                continue;
+            k3_kern_path_find(isa)->gemm_mx_rows(p, s, rows, C, X, T, Y[k], 0, rows);
+            for (uint64_t o = 0; o < rows * T; o++)
+                CHECK(Y[k][o] == 32.0f + 32 * 0x1p-127f);
+        }
     }
     /* all -0 weights against +x: every lane stays +0 (+0 + -0); against -0
      * activations with an all -0 start the result is still +0 */
