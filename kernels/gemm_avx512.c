@@ -273,6 +273,9 @@ AI void mx_tile_shuf(const uint8_t *packed, const uint8_t *scales, uint64_t rows
 #define MX_PANEL 8
 #define MX_CHUNK 16
 #define MX_TSLICE 32
+#ifndef MX_PF_HINT
+#define MX_PF_HINT _MM_HINT_T0
+#endif
 
 #define MX_CHUNK_BODY(DECODE)                                                             \
     uint64_t groups = cols / 32;                                                          \
@@ -433,6 +436,7 @@ static void mxb_tile_3(const float *wb, const float *X, uint64_t cols, uint64_t 
         x[j] = X + (uint64_t)(t + (uint32_t)j) * cols + g0 * 32;                          \
     const uint8_t *sc = scales + r * groups + g0, *p = packed + r * (cols / 2) + g0 * 16; \
     for (uint64_t g = 0; g < ng; g++) {                                                   \
+        _mm_prefetch(pf + g * 128, MX_PF_HINT);                                           \
         __m512 xv[2][2];                                                                  \
         _Pragma("GCC unroll 2") for (int j = 0; j < TB; j++) {                            \
             xv[j][0] = _mm512_loadu_ps(x[j] + g * 32);                                    \
@@ -458,12 +462,14 @@ static void mxb_tile_3(const float *wb, const float *X, uint64_t cols, uint64_t 
         }
 
 typedef void (*mxb_dtile_fn)(const uint8_t *, const uint8_t *, uint64_t, uint64_t, uint64_t,
-                             uint64_t, float *, const float *, uint32_t, float *, uint64_t);
+                             uint64_t, float *, const float *, uint32_t, float *, uint64_t,
+                             const char *);
 #define MXB_DTILE_FN(KIND, ATTR, TB_)                                                     \
     ATTR static void mxb_dtile_##KIND##_##TB_(const uint8_t *packed, const uint8_t *scales, \
                                               uint64_t cols, uint64_t r, uint64_t g0,      \
                                               uint64_t ng, float *wb, const float *X,      \
-                                              uint32_t t, float *accb, uint64_t acc_t)     \
+                                              uint32_t t, float *accb, uint64_t acc_t,     \
+                                              const char *pf)                              \
     {                                                                                     \
         const int TB = TB_;                                                               \
         MXB_DTILE_BODY(mx_decode_##KIND)                                                  \
@@ -519,6 +525,20 @@ static void mx_batched(const struct mx_chunks *k, const mxb_dtile_fn *dtile,
             memset(accb, 0, np * nt * 32 * sizeof(float));
             for (uint64_t g0 = 0; g0 < groups; g0 += MX_CHUNK) {
                 uint64_t g1 = groups - g0 < MX_CHUNK ? groups : g0 + MX_CHUNK;
+                /* the rows are short, so the hardware prefetchers do not run
+                 * far enough ahead: the next panel (packed bytes and scales,
+                 * contiguous) is fetched while this one runs, its scales at
+                 * the start, its bytes 128 per group in the decoding blocks
+                 * (one line per group in each; without a next panel, this
+                 * one's own bytes again) */
+                const char *pf = (const char *)(packed + rp * (cols / 2));
+                if (rp + 2 * MX_PANEL <= r1) {
+                    pf = (const char *)(packed + (rp + MX_PANEL) * (cols / 2));
+                    const char *ns = (const char *)(scales + (rp + MX_PANEL) * groups);
+                    for (uint64_t b = 0; ts == 0 && g0 == 0 && b < MX_PANEL * groups; b += 64)
+                        _mm_prefetch(ns + b, MX_PF_HINT);
+                }
+                pf += g0 * MX_PANEL * 16;
                 if (fast && np == MX_PANEL && !mxb_has255(scales, groups, rp, g0, g1)) {
                     /* first block decodes (1 or 2 vectors), then blocks of 3,
                      * the last ones 2 + 2 rather than 3 + 1 */
@@ -526,7 +546,7 @@ static void mx_batched(const struct mx_chunks *k, const mxb_dtile_fn *dtile,
                     for (uint64_t q = 0; q < MX_PANEL / MXB_ROWS; q++)
                         dtile[t](packed, scales, cols, rp + q * MXB_ROWS, g0, g1 - g0,
                                  wbuf + q * MX_CHUNK * MXB_ROWS * 32, X, ts,
-                                 accb + q * MXB_ROWS * nt * 32, nt);
+                                 accb + q * MXB_ROWS * nt * 32, nt, pf + q * 64);
                     while (t < nt) {
                         uint32_t left = nt - t, tb = left == 4 || left == 2 ? 2 : left >= 3 ? 3 : 1;
                         for (uint64_t q = 0; q < MX_PANEL / MXB_ROWS; q++)
