@@ -270,9 +270,15 @@ AI void mx_tile_shuf(const uint8_t *packed, const uint8_t *scales, uint64_t rows
  * serves chunks with a scale-255 group and row tails; the others take the
  * decode-once loop below (mxb_*). Stack: accb 32 KiB + wbuf 16 KiB.
  */
+#ifndef MX_PANEL
 #define MX_PANEL 8
+#endif
+#ifndef MX_CHUNK
 #define MX_CHUNK 16
+#endif
+#ifndef MX_TSLICE
 #define MX_TSLICE 32
+#endif
 #ifndef MX_PF_HINT
 #define MX_PF_HINT _MM_HINT_T0
 #endif
@@ -367,9 +373,13 @@ static const struct mx_chunks mxc_shuf = {
  * runs the mxc_* loop instead (it skips those groups).
  */
 #define MXB_ROWS 4
+#ifndef MXB_FIRST
+#define MXB_FIRST 2
+#endif
 
 AI void mxb_tile(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t,
-                 float *accb, uint64_t acc_t, uint64_t ng, const int TB)
+                 float *accb, uint64_t acc_t, uint64_t ng, const char *pf, uint64_t npf,
+                 const int TB)
 {
     __m512 acc[MXB_ROWS][3][2];
     const float *x[3];
@@ -384,6 +394,8 @@ AI void mxb_tile(const float *wb, const float *X, uint64_t cols, uint64_t c0, ui
     for (int j = 0; j < TB; j++)
         x[j] = X + (uint64_t)(t + (uint32_t)j) * cols + c0;
     for (uint64_t g = 0; g < ng; g++) {
+        if (g < npf)
+            _mm_prefetch(pf + g * 64, MX_PF_HINT);
         __m512 xv[3][2];
 #pragma GCC unroll 3
         for (int j = 0; j < TB; j++) {
@@ -414,10 +426,10 @@ AI void mxb_tile(const float *wb, const float *X, uint64_t cols, uint64_t c0, ui
 }
 
 typedef void (*mxb_tile_fn)(const float *, const float *, uint64_t, uint64_t, uint32_t, float *,
-                            uint64_t, uint64_t);
-static void mxb_tile_1(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t acc_t, uint64_t ng) { mxb_tile(wb, X, cols, c0, t, accb, acc_t, ng, 1); }
-static void mxb_tile_2(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t acc_t, uint64_t ng) { mxb_tile(wb, X, cols, c0, t, accb, acc_t, ng, 2); }
-static void mxb_tile_3(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t acc_t, uint64_t ng) { mxb_tile(wb, X, cols, c0, t, accb, acc_t, ng, 3); }
+                            uint64_t, uint64_t, const char *, uint64_t);
+static void mxb_tile_1(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t acc_t, uint64_t ng, const char *pf, uint64_t npf) { mxb_tile(wb, X, cols, c0, t, accb, acc_t, ng, pf, npf, 1); }
+static void mxb_tile_2(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t acc_t, uint64_t ng, const char *pf, uint64_t npf) { mxb_tile(wb, X, cols, c0, t, accb, acc_t, ng, pf, npf, 2); }
+static void mxb_tile_3(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t acc_t, uint64_t ng, const char *pf, uint64_t npf) { mxb_tile(wb, X, cols, c0, t, accb, acc_t, ng, pf, npf, 3); }
 
 /* The first block of vectors (TB 1 or 2) of a 4-row tile decodes as it
  * goes: each row-group is decoded once from its nibbles, stored to wb for
@@ -436,7 +448,8 @@ static void mxb_tile_3(const float *wb, const float *X, uint64_t cols, uint64_t 
         x[j] = X + (uint64_t)(t + (uint32_t)j) * cols + g0 * 32;                          \
     const uint8_t *sc = scales + r * groups + g0, *p = packed + r * (cols / 2) + g0 * 16; \
     for (uint64_t g = 0; g < ng; g++) {                                                   \
-        _mm_prefetch(pf + g * 128, MX_PF_HINT);                                           \
+        if (g < npf)                                                                      \
+            _mm_prefetch(pf + g * 64, MX_PF_HINT);                                        \
         __m512 xv[2][2];                                                                  \
         _Pragma("GCC unroll 2") for (int j = 0; j < TB; j++) {                            \
             xv[j][0] = _mm512_loadu_ps(x[j] + g * 32);                                    \
@@ -463,13 +476,13 @@ static void mxb_tile_3(const float *wb, const float *X, uint64_t cols, uint64_t 
 
 typedef void (*mxb_dtile_fn)(const uint8_t *, const uint8_t *, uint64_t, uint64_t, uint64_t,
                              uint64_t, float *, const float *, uint32_t, float *, uint64_t,
-                             const char *);
+                             const char *, uint64_t);
 #define MXB_DTILE_FN(KIND, ATTR, TB_)                                                     \
     ATTR static void mxb_dtile_##KIND##_##TB_(const uint8_t *packed, const uint8_t *scales, \
                                               uint64_t cols, uint64_t r, uint64_t g0,      \
                                               uint64_t ng, float *wb, const float *X,      \
                                               uint32_t t, float *accb, uint64_t acc_t,     \
-                                              const char *pf)                              \
+                                              const char *pf, uint64_t npf)                \
     {                                                                                     \
         const int TB = TB_;                                                               \
         MXB_DTILE_BODY(mx_decode_##KIND)                                                  \
@@ -528,9 +541,10 @@ static void mx_batched(const struct mx_chunks *k, const mxb_dtile_fn *dtile,
                 /* the rows are short, so the hardware prefetchers do not run
                  * far enough ahead: the next panel (packed bytes and scales,
                  * contiguous) is fetched while this one runs, its scales at
-                 * the start, its bytes 128 per group in the decoding blocks
-                 * (one line per group in each; without a next panel, this
-                 * one's own bytes again) */
+                 * the start, its bytes (MX_PANEL * 16 per group) spread over
+                 * all tile calls of the chunk in the first slice, a few lines
+                 * each, so that they never wait for a free fill buffer in a
+                 * burst; without a next panel, this one's own bytes again */
                 const char *pf = (const char *)(packed + rp * (cols / 2));
                 if (rp + 2 * MX_PANEL <= r1) {
                     pf = (const char *)(packed + (rp + MX_PANEL) * (cols / 2));
@@ -542,18 +556,27 @@ static void mx_batched(const struct mx_chunks *k, const mxb_dtile_fn *dtile,
                 if (fast && np == MX_PANEL && !mxb_has255(scales, groups, rp, g0, g1)) {
                     /* first block decodes (1 or 2 vectors), then blocks of 3,
                      * the last ones 2 + 2 rather than 3 + 1 */
-                    uint32_t t = nt >= 2 ? 2 : 1;
-                    for (uint64_t q = 0; q < MX_PANEL / MXB_ROWS; q++)
-                        dtile[t](packed, scales, cols, rp + q * MXB_ROWS, g0, g1 - g0,
-                                 wbuf + q * MX_CHUNK * MXB_ROWS * 32, X, ts,
-                                 accb + q * MXB_ROWS * nt * 32, nt, pf + q * 64);
-                    while (t < nt) {
-                        uint32_t left = nt - t, tb = left == 4 || left == 2 ? 2 : left >= 3 ? 3 : 1;
-                        for (uint64_t q = 0; q < MX_PANEL / MXB_ROWS; q++)
-                            tiles[tb](wbuf + q * MX_CHUNK * MXB_ROWS * 32, X, cols, g0 * 32, ts + t,
-                                      accb + (q * MXB_ROWS * nt + t) * 32, nt, g1 - g0);
-                        t += tb;
+                    uint32_t tbs[MX_TSLICE], nb = 0;
+                    for (uint32_t t = 0; t < nt; t += tbs[nb++]) {
+                        uint32_t left = nt - t;
+                        tbs[nb] = t == 0 ? (nt >= MXB_FIRST ? MXB_FIRST : 1)
+                                         : left == 4 || left == 2 ? 2 : left >= 3 ? 3 : 1;
                     }
+                    uint64_t lines = ts == 0 ? (g1 - g0) * MX_PANEL * 16 / 64 : 0;
+                    uint64_t share = (lines + 2 * nb - 1) / (2 * nb), done = 0;
+                    for (uint32_t b = 0, t = 0; b < nb; t += tbs[b++])
+                        for (uint64_t q = 0; q < MX_PANEL / MXB_ROWS; q++) {
+                            uint64_t npf = lines - done < share ? lines - done : share;
+                            if (b == 0)
+                                dtile[tbs[b]](packed, scales, cols, rp + q * MXB_ROWS, g0, g1 - g0,
+                                              wbuf + q * MX_CHUNK * MXB_ROWS * 32, X, ts,
+                                              accb + q * MXB_ROWS * nt * 32, nt, pf + done * 64, npf);
+                            else
+                                tiles[tbs[b]](wbuf + q * MX_CHUNK * MXB_ROWS * 32, X, cols, g0 * 32,
+                                              ts + t, accb + (q * MXB_ROWS * nt + t) * 32, nt,
+                                              g1 - g0, pf + done * 64, npf);
+                            done += npf;
+                        }
                     continue;
                 }
                 for (uint32_t t = 0; t < nt; t += 6) {
