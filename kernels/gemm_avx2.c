@@ -254,9 +254,13 @@ static void mxb_tile_1(const float *wb, const uint8_t *skip, const float *X, uin
 static void mxb_tile_2(const float *wb, const uint8_t *skip, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t ng) { mxb_tile(wb, skip, X, cols, c0, t, accb, ng, 2); }
 static void mxb_tile_3(const float *wb, const uint8_t *skip, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t ng) { mxb_tile(wb, skip, X, cols, c0, t, accb, ng, 3); }
 
-/* Decodes groups [g0, g1) of rows [r, r + np) into wbuf; skip[i][g] = scale 255. */
+/* Decodes groups [g0, g1) of rows [r, r + np) into wbuf; skip[i][g] = scale 255.
+ * The same groups of the next panel (rows r + MXB_PANEL.., if below r_end)
+ * are fetched meanwhile, and its scales with the first chunk: short rows
+ * defeat the hardware prefetchers. */
 static void mxb_decode(const uint8_t *packed, const uint8_t *scales, uint64_t cols, uint64_t r,
-                       uint64_t np, uint64_t g0, uint64_t g1, float *wbuf, uint8_t *skip)
+                       uint64_t np, uint64_t r_end, uint64_t g0, uint64_t g1, float *wbuf,
+                       uint8_t *skip)
 {
     const __m256i Z = _mm256_set1_epi32((int)0x80808000u);
     const __m256i ctrl[4] = {
@@ -266,9 +270,15 @@ static void mxb_decode(const uint8_t *packed, const uint8_t *scales, uint64_t co
         _mm256_or_si256(Z, _mm256_setr_epi32(12, 12, 13, 13, 14, 14, 15, 15)),
     };
     uint64_t groups = cols / 32;
+    uint64_t rn = r + 2 * MXB_PANEL <= r_end ? r + MXB_PANEL : r;
+    for (uint64_t b = 0; g0 == 0 && b < MXB_PANEL * groups; b += 64)
+        _mm_prefetch((const char *)(scales + rn * groups) + b, _MM_HINT_T0);
     for (uint64_t i = 0; i < np; i++) {
         const uint8_t *sc = scales + (r + i) * groups, *p = packed + (r + i) * (cols / 2);
+        const char *pn = (const char *)(packed + (rn + i) * (cols / 2));
         for (uint64_t g = g0; g < g1; g++) {
+            if ((g & 3) == 0)
+                _mm_prefetch(pn + g * 16, _MM_HINT_T0);
             float *o = wbuf + (i * MXB_CHUNK + (g - g0)) * 32;
             skip[i * MXB_CHUNK + (g - g0)] = sc[g] == 255;
             __m256 tab8 = _mm256_load_ps((const float *)k3_kern_mx_table8x[sc[g]]);
@@ -297,7 +307,7 @@ static void mx_batched(const uint8_t *packed, const uint8_t *scales, uint64_t ro
             memset(accb, 0, np * nt * 32 * sizeof(float));
             for (uint64_t g0 = 0; g0 < groups; g0 += MXB_CHUNK) {
                 uint64_t g1 = groups - g0 < MXB_CHUNK ? groups : g0 + MXB_CHUNK;
-                mxb_decode(packed, scales, cols, rp, np, g0, g1, wbuf, skip);
+                mxb_decode(packed, scales, cols, rp, np, r1, g0, g1, wbuf, skip);
                 for (uint32_t t = 0; t < nt;) {
                     /* blocks of 3, the last ones 2 + 2 rather than 3 + 1 */
                     uint32_t left = nt - t, tb = left == 4 || left == 2 ? 2 : left >= 3 ? 3 : 1;
