@@ -25,6 +25,7 @@
 #include <cjson/cJSON.h>
 
 #include "k3_cli.h"
+#include "k3_crc.h"
 #include "k3_err.h"
 #include "k3_gen.h"
 #include "k3_io.h"
@@ -394,7 +395,7 @@ int main(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--version")) {
-            printf("k3-run %s (kernels: %s)\n", K3_RUN_VERSION, k3_kern_name());
+            printf("k3-run %s (kernels: %s, crc32: %s)\n", K3_RUN_VERSION, k3_kern_name(), k3_crc_name());
             return 0;
         } else if (!strcmp(a, "--prompt")) {
             NEEDV();
@@ -757,8 +758,8 @@ int main(int argc, char **argv)
                "\"decode_s\":%.6f,\"decode_tokens_per_s\":%.3f}",
                t_load, st.prompt_s, st.prompt_s > 0 ? n_ids / st.prompt_s : 0.0, st.decode_s,
                st.decode_s > 0 && n_gen > 1 ? (n_gen - 1) / st.decode_s : 0.0);
-        printf(",\"kernels\":\"%s\",\"threads\":%d,\"chunk\":%llu", k3_kern_name(), omp_get_max_threads(),
-               (unsigned long long)chunk);
+        printf(",\"kernels\":\"%s\",\"crc32\":\"%s\",\"threads\":%d,\"chunk\":%llu", k3_kern_name(), k3_crc_name(),
+               omp_get_max_threads(), (unsigned long long)chunk);
         if (ram_arg) {
             char *sj = k3_stream_report_json(&run);
             if (!sj) {
