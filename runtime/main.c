@@ -36,7 +36,6 @@
 #include "k3_tok.h"
 #include "k3_ws.h"
 
-#define K3_RUN_VERSION "0.1.0"
 #define MAX_PROMPT_BYTES (64ull << 20)
 #define MAX_IDS (1u << 24)
 
@@ -395,7 +394,7 @@ int main(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--version")) {
-            printf("k3-run %s (kernels: %s, crc32: %s)\n", K3_RUN_VERSION, k3_kern_name(), k3_crc_name());
+            k3_cli_print_version("k3-run");
             return 0;
         } else if (!strcmp(a, "--prompt")) {
             NEEDV();
