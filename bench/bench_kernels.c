@@ -212,6 +212,10 @@ int main(int argc, char **argv)
     k3_kern_init();
     printf("kernels: %s; %llu timed calls per line (median, min-max); cold pool %llu MiB\n",
            k3_kern_name(), (unsigned long long)runs, (unsigned long long)pool_mib);
+    /* passive workers sleep between calls: waking and joining them cost
+     * ~80 us per 2-thread call here, a third of a 3072x3584 MXFP4 product */
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    printf("OMP_WAIT_POLICY=%s\n", wait && *wait ? wait : "(unset: workers spin a while between calls)");
 
     struct stream_bw bw[3];
     for (int th = 1; th <= 2; th++) {
