@@ -11,7 +11,7 @@
  * magnitude (low 3 bits) in the group's row of k3_kern_mx_table8x, and one xor
  * with the nibble shifted left by 28 restores the pre-xored bits and sets the
  * sign from bit 3 (so nibble 8 gives -0, exactly e2m1 * scale as in ref.c).
- * At T > 1 each row-group is decoded once per call (per 32 vectors) into a
+ * At T > 4 each row-group is decoded once per call (per 32 vectors) into a
  * small f32 buffer and multiplied from there (mx_batched).
  */
 #include "k3_kern.h"
@@ -202,6 +202,7 @@ AI void mx_tile(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uin
 
 static void mx_tile_2x1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { mx_tile(packed, scales, rows, cols, X, Y, r, t0, 2, 1); }
 static void mx_tile_1x1(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { mx_tile(packed, scales, rows, cols, X, Y, r, t0, 1, 1); }
+static void mx_tile_1x2(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { mx_tile(packed, scales, rows, cols, X, Y, r, t0, 1, 2); }
 
 /*
  * T > 1: decode once, multiply many. For a panel of MXB_PANEL rows and a
@@ -437,7 +438,20 @@ static void avx2_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, uint
             mx_tile_1x1(packed, scales, rows, cols, X, Y, r, 0);
         return;
     }
-    mx_batched(packed, scales, rows, cols, X, T, Y, r0, r1);
+    if (T > 4) {
+        mx_batched(packed, scales, rows, cols, X, T, Y, r0, r1);
+        return;
+    }
+    /* T <= 4: the decode is paid only twice per row-group here and the
+     * whole-row tiles need no parked lanes; measured 3-9 % faster than
+     * mx_batched at T = 4 (and 40 % slower at T = 16) */
+    for (; r < r1; r++) {
+        uint32_t t = 0;
+        for (; t + 2 <= T; t += 2)
+            mx_tile_1x2(packed, scales, rows, cols, X, Y, r, t);
+        if (t < T)
+            mx_tile_1x1(packed, scales, rows, cols, X, Y, r, t);
+    }
 }
 
 const k3_kern_path k3_kern_path_avx2 = {
