@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
 
+#include "k3_crc.h"
 #include "k3_io.h"
 
 #define READBACK (4u << 20)
@@ -42,11 +42,11 @@ static void feed(k3_conv_w *w, const uint8_t *buf, uint64_t n)
             } else {
                 uint64_t end = r->off + r->len;
                 take = end - pos < n ? end - pos : n;
-                w->crc = crc32(w->crc, buf, (uInt)take);
+                w->crc = k3_crc32(w->crc, buf, (size_t)take);
                 if (pos + take == end) {
                     of->region_crc[w->creg] = (uint32_t)w->crc;
                     w->creg++;
-                    w->crc = crc32(0L, Z_NULL, 0);
+                    w->crc = 0;
                 }
             }
         }
@@ -60,17 +60,6 @@ static void feed(k3_conv_w *w, const uint8_t *buf, uint64_t n)
         }
     }
     w->frontier = pos;
-}
-
-/* feed() in pieces small enough for crc32's uInt */
-static void feed_big(k3_conv_w *w, const uint8_t *buf, uint64_t n)
-{
-    while (n) {
-        uint64_t take = n > (1u << 30) ? (1u << 30) : n;
-        feed(w, buf, take);
-        buf += take;
-        n -= take;
-    }
 }
 
 static void feed_zeros(k3_conv_w *w, uint64_t n)
@@ -151,7 +140,7 @@ int k3_conv_w_open(k3_conv_w *w, const char *dir, k3_conv_ofile *of, int dense, 
     w->md = EVP_MD_CTX_new();
     if (!w->done || !w->md || EVP_DigestInit_ex(w->md, EVP_sha256(), NULL) != 1)
         return k3_err_set(e, K3_ENOMEM, "%s: out of memory", w->tmp);
-    w->crc = crc32(0L, Z_NULL, 0);
+    w->crc = 0;   /* the CRC of nothing */
     /* the temporary is ours: a stale one from an interrupted run is replaced */
     w->fd = open(w->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0)
@@ -208,7 +197,7 @@ int k3_conv_w_write(k3_conv_w *w, uint32_t ext, uint64_t off_in_ext, const void 
         if (w->frontier < x->off)
             feed_zeros(w, x->off - w->frontier);
         if (w->frontier == x->off + off_in_ext)
-            feed_big(w, buf, n);
+            feed(w, buf, n);
     }
     w->done[ext] += n;
     if (w->written - w->synced >= SYNC_EVERY) {
