@@ -56,7 +56,7 @@ typedef struct k3_stream_opts {
     uint64_t extra_bytes;     /* caller's own buffers (logits, ids) to count */
     uint64_t baseline;        /* process RSS before the plan (0: measure now) */
     uint32_t io_threads;      /* parallel reads (0: 4) */
-    uint64_t io_chunk;        /* trunk reads are split in chunks of this (0: 16 MiB) */
+    uint64_t io_chunk;        /* trunk reads are split in chunks of this (0: 2 MiB) */
     int trunk_crc;            /* CRC32-check trunk units too (1 by default via k3_stream_opts_init) */
     const char *trace_path;   /* write expert requests here (NULL: no trace) */
     uint64_t piece_bytes;     /* stream the weight matrices larger than this in row

@@ -1467,7 +1467,10 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
                 for (uint32_t k = 0; k < w->grp[g].lz[j].nchunks; k++)
                     w->order[w->norder++] = (item){g, (int32_t)j, k};
         }
-    w->tchunk = o->io_chunk ? (o->io_chunk + 4095) / 4096 * 4096 : 16ull << 20;
+    /* 2 MiB: a 16 MiB row piece is read by the four I/O threads at once and
+     * its CRC split between them; in 16 MiB chunks one thread read a piece
+     * and CRC'd it while the device idled (runtime/STREAM.md "Figures") */
+    w->tchunk = o->io_chunk ? (o->io_chunk + 4095) / 4096 * 4096 : 2ull << 20;
     w->nio = o->io_threads ? o->io_threads : 4;
     if (w->nio > 64)
         w->nio = 64;
