@@ -695,3 +695,50 @@ K3_TEST(convert_sparse_source_gives_the_output_of_its_dense_copy)
         verify_ok(a);
     }
 }
+
+/* k3_conv_w_write_zeros is k3_conv_w_write of a zero buffer: same file
+ * bytes, SHA-256 and region CRCs, whether the zeros land at the hash
+ * frontier or ahead of it (read back), sparse or --dense. */
+K3_TEST(convert_writer_zero_writes_equal_writes_of_zero_buffers)
+{
+    k3_conv_ext ext[4] = {{0, 5000}, {8192, 3000}, {12288, 9000}, {24576, 100}};
+    k3_conv_ext reg[2] = {{0, 12289}, {12289, 12387}};
+    uint8_t *data = calloc(1, 24676);
+    for (uint64_t j = 0; j < 5000; j++)
+        data[j] = (uint8_t)(1 + j % 251);
+    for (uint64_t j = 0; j < 100; j++)
+        data[24576 + j] = (uint8_t)(7 + j);
+    uint8_t want[32];
+    unsigned int hl;
+    EVP_Digest(data, 24676, want, &hl, EVP_sha256(), NULL);
+    for (int dense = 0; dense < 2; dense++) {
+        uint32_t crc[2] = {0, 0};
+        k3_conv_ofile of = {.size = 24676, .ext = ext, .next = 4, .regions = reg, .nregions = 2, .region_crc = crc};
+        snprintf(of.name, sizeof of.name, "z%d.bin", dense);
+        k3_conv_w w;
+        k3_err e = {0};
+        CHECK_EQ_INT(k3_conv_w_open(&w, k3t_tmpdir(), &of, dense, &e), 0);
+        /* extent 2 (zeros) ahead of the frontier, then 0, 1 (zeros, at it), 3 */
+        CHECK_EQ_INT(k3_conv_w_write_zeros(&w, 2, 0, 4000, &e), 0);
+        CHECK_EQ_INT(k3_conv_w_write_zeros(&w, 2, 4000, 5000, &e), 0);
+        CHECK_EQ_INT(k3_conv_w_write(&w, 0, 0, data, 5000, &e), 0);
+        CHECK_EQ_INT(k3_conv_w_write_zeros(&w, 1, 0, 3000, &e), 0);
+        CHECK_EQ_INT(k3_conv_w_write(&w, 3, 0, data + 24576, 100, &e), 0);
+        CHECK_EQ_U64(w.holes, dense ? 0 : 12000);
+        uint8_t sha[32];
+        CHECK_EQ_INT(k3_conv_w_finish(&w, sha, &e), 0);
+        CHECK_EQ_INT(k3_conv_w_publish(&w, &e), 0);
+        k3_conv_w_close(&w, 0);
+        CHECK(!memcmp(sha, want, 32));
+        CHECK_EQ_U64(crc[0], crc32(crc32(0, Z_NULL, 0), data, 12289));
+        CHECK_EQ_U64(crc[1], crc32(crc32(0, Z_NULL, 0), data + 12289, 12387));
+        char path[4200];
+        snprintf(path, sizeof path, "%s/z%d.bin", k3t_tmpdir(), dense);
+        char *got = NULL;
+        uint64_t len = 0;
+        CHECK_EQ_INT(k3_io_read_file(path, 1 << 20, &got, &len, &e), 0);
+        CHECK(len == 24676 && !memcmp(got, data, len));
+        free(got);
+    }
+    free(data);
+}
