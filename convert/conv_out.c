@@ -19,8 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
+#include <zlib.h> /* crc32_combine64 */
 
+#include "k3_crc.h"
 #include "k3_io.h"
 
 #define READBACK (4u << 20)
@@ -63,11 +64,11 @@ static void feed(k3_conv_w *w, const uint8_t *buf, uint64_t n)
             } else {
                 uint64_t end = r->off + r->len;
                 take = end - pos < n ? end - pos : n;
-                w->crc = buf ? crc32(w->crc, buf, (uInt)take) : k3_conv_crc32_zeros((uint32_t)w->crc, take);
+                w->crc = buf ? k3_crc32(w->crc, buf, (size_t)take) : k3_conv_crc32_zeros(w->crc, take);
                 if (pos + take == end) {
                     of->region_crc[w->creg] = (uint32_t)w->crc;
                     w->creg++;
-                    w->crc = crc32(0L, Z_NULL, 0);
+                    w->crc = 0;
                 }
             }
         }
@@ -84,21 +85,9 @@ static void feed(k3_conv_w *w, const uint8_t *buf, uint64_t n)
     w->frontier = pos;
 }
 
-/* feed() in pieces small enough for crc32's uInt */
-static void feed_big(k3_conv_w *w, const uint8_t *buf, uint64_t n)
-{
-    while (n) {
-        uint64_t take = n > (1u << 30) ? (1u << 30) : n;
-        feed(w, buf, take);
-        if (buf)
-            buf += take;
-        n -= take;
-    }
-}
-
 static void feed_zeros(k3_conv_w *w, uint64_t n)
 {
-    feed_big(w, NULL, n);
+    feed(w, NULL, n);
 }
 
 static int all_zero(const uint8_t *p, uint64_t n)
@@ -170,7 +159,7 @@ int k3_conv_w_open(k3_conv_w *w, const char *dir, k3_conv_ofile *of, int dense, 
     w->md = EVP_MD_CTX_new();
     if (!w->done || !w->md || EVP_DigestInit_ex(w->md, EVP_sha256(), NULL) != 1)
         return k3_err_set(e, K3_ENOMEM, "%s: out of memory", w->tmp);
-    w->crc = crc32(0L, Z_NULL, 0);
+    w->crc = 0;   /* the CRC of nothing */
     /* the temporary is ours: a stale one from an interrupted run is replaced */
     w->fd = open(w->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0)
@@ -236,7 +225,7 @@ static int write_at(k3_conv_w *w, uint32_t ext, uint64_t off_in_ext, const uint8
         if (w->frontier < x->off)
             feed_zeros(w, x->off - w->frontier);
         if (w->frontier == x->off + off_in_ext)
-            feed_big(w, buf, n);
+            feed(w, buf, n);
     }
     w->done[ext] += n;
     if (w->written - w->synced >= SYNC_EVERY) {

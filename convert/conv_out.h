@@ -22,7 +22,7 @@ typedef struct k3_conv_w {
     int dfd;                    /* the same temporary opened O_DIRECT, or -1 */
     int dense;
     EVP_MD_CTX *md;
-    unsigned long crc;          /* running CRC of region creg */
+    uint32_t crc;               /* running CRC of region creg */
     uint32_t creg;              /* first region whose CRC is not final */
     uint64_t frontier;          /* bytes [0, frontier) are hashed */
     uint32_t cur;               /* first extent not completely hashed */

@@ -27,9 +27,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include "conv_out.h"
+#include "k3_crc.h"
 #include "k3_io.h"
 #include "k3_kern.h"
 #include "k3_progress.h"
@@ -246,7 +246,7 @@ typedef struct conv {
     uint32_t embed_group;
     uint32_t *erow;             /* vocab_size */
     uint64_t erow_rb, erow_at;  /* row bytes; output bytes of the table fed so far */
-    uLong erow_c;               /* CRC of the current row so far */
+    uint32_t erow_c;            /* CRC of the current row so far */
     uint8_t erow_sha[32];       /* of the journal's embed-crc.bin */
 } conv;
 
@@ -261,13 +261,13 @@ static int embed_feed(conv *cv, uint64_t off, const uint8_t *ptr, uint64_t n, k3
         uint64_t fill = cv->erow_at % cv->erow_rb, take = cv->erow_rb - fill < n ? cv->erow_rb - fill : n;
         if (cv->erow_at + take > (uint64_t)cv->p->cfg.vocab_size * cv->erow_rb)
             return k3_err_set(e, K3_EINTERNAL, "embedding longer than its shape");
-        cv->erow_c = crc32(cv->erow_c, ptr, (uInt)take);
+        cv->erow_c = k3_crc32(cv->erow_c, ptr, (size_t)take);
         cv->erow_at += take;
         ptr += take;
         n -= take;
         if (cv->erow_at % cv->erow_rb == 0) {
-            cv->erow[cv->erow_at / cv->erow_rb - 1] = (uint32_t)cv->erow_c;
-            cv->erow_c = crc32(0L, Z_NULL, 0);
+            cv->erow[cv->erow_at / cv->erow_rb - 1] = cv->erow_c;
+            cv->erow_c = 0;
         }
     }
     return 0;
@@ -774,7 +774,7 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
     cv->has_t = cv->has_x = 0;
     if (g == cv->embed_group) {
         cv->erow_at = 0;
-        cv->erow_c = crc32(0L, Z_NULL, 0);
+        cv->erow_c = 0;   /* the CRC of nothing */
     }
     if (G->trunk.size) {
         if ((rc = k3_conv_w_open(&cv->tw, p->dst, &G->trunk, cv->o->dense, e)))

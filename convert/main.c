@@ -39,6 +39,7 @@ static void usage(FILE *f)
             "                the output does not depend on N\n"
             "  --json        print a JSON summary on stdout\n"
             "  --quiet       no progress on stderr\n"
+            "  --version     the version and the kernel and CRC paths in use\n"
             "  -h, --help    this help\n"
             "\n"
             "Memory: peak RSS stays below 1 GiB whatever the shard size: 64 MiB of read\n"
@@ -67,6 +68,9 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--version")) {
+            k3_cli_print_version("k3-convert");
             return 0;
         } else if (!strcmp(a, "--resume")) {
             o.resume = 1;

@@ -1,6 +1,7 @@
 /*
  * k3_cli.h - command-line number parsing shared by the tools: whole-string
- * decimal, digits only (no sign, no space), range-checked. No atoi.
+ * decimal, digits only (no sign, no space), range-checked. No atoi. And the
+ * one version line every tool prints.
  */
 #ifndef K3_CLI_H
 #define K3_CLI_H
@@ -11,5 +12,13 @@
  * leaves *out alone) for anything else: empty, a sign, a space, a trailing
  * character, overflow or out of range. */
 int k3_cli_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
+
+/* The release every tool reports. */
+#define K3_VERSION "0.1.0"
+
+/* Print "<tool> <K3_VERSION> (kernels: <path>, crc32: <path>)" and a newline
+ * to stdout: what --version of every tool says, naming the kernel and CRC
+ * paths chosen for this CPU (or forced by K3_ISA / K3_CRC). */
+void k3_cli_print_version(const char *tool);
 
 #endif

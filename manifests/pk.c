@@ -17,8 +17,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
+#include "k3_crc.h"
 #include "k3_io.h"
 #include "k3_man.h"
 
@@ -37,16 +37,9 @@ struct k3_pk {
 
 static int crc_check(const void *buf, uint64_t n, uint32_t want, uint32_t *got)
 {
-    uLong c = crc32(0L, Z_NULL, 0);
-    const unsigned char *p = buf;
-    while (n) {
-        uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        c = crc32(c, p, chunk);
-        p += chunk;
-        n -= chunk;
-    }
-    *got = (uint32_t)c;
-    return (uint32_t)c == want;
+    uint32_t c = k3_crc32(0, buf, (size_t)n);
+    *got = c;
+    return c == want;
 }
 
 static int sha256_buf(const void *buf, uint64_t n, uint8_t out[32])

@@ -55,6 +55,7 @@ static void usage(FILE *f)
             "  --force             replace DST, or an interrupted repack's temporary\n"
             "  --json              print a JSON summary on stdout\n"
             "  --quiet             no progress on stderr\n"
+            "  --version           the version and the kernel and CRC paths in use\n"
             "  -h, --help          this help\n"
             "\n"
             "Exit status: 0 done, 2 usage, 3 bad input format, 4 I/O error, 5 corrupt\n"
@@ -89,6 +90,9 @@ int main(int argc, char **argv)
         uint64_t n;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--version")) {
+            k3_cli_print_version("k3-pack");
             return 0;
         } else if (!strcmp(a, "--ram")) {
             if (!v || k3_pack_parse_budget(v, &o.budget, &e) < 0)

@@ -32,11 +32,11 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <cjson/cJSON.h>
 
 #include "../convert/conv_out.h"
+#include "k3_crc.h"
 #include "k3_io.h"
 #include "pack.h"
 
@@ -258,17 +258,17 @@ static int crc_feed_file(copier *c, uint32_t su, uint64_t from, uint64_t to, k3_
 {
     const k3_pk_unit *u = k3_pk_unit_at(c->p->pk, su);
     srcunit *s = &c->su[su];
-    uLong crc = s->crc;
+    uint32_t crc = s->crc;
     while (from < to) {
         uint64_t n = to - from > GAP_CHUNK ? GAP_CHUNK : to - from;
         int rc = k3_pk_read(c->p->pk, u->file, c->gap, n, u->offset + from, c->gap_bounce, GAP_CHUNK + 3 * 4096, e);
         if (rc)
             return rc;
-        crc = crc32(crc, c->gap, (uInt)n);
+        crc = k3_crc32(crc, c->gap, (size_t)n);
         from += n;
         c->read += n;
     }
-    s->crc = (uint32_t)crc;
+    s->crc = crc;
     return 0;
 }
 
@@ -288,7 +288,7 @@ static int crc_track(copier *c, uint32_t su, uint64_t rel, const uint8_t *data, 
             return rc;
         s->pos = rel;
     }
-    s->crc = (uint32_t)crc32(s->crc, data, (uInt)n);
+    s->crc = k3_crc32(s->crc, data, (size_t)n);
     s->pos += n;
     const k3_pk_unit *u = k3_pk_unit_at(c->p->pk, su);
     if (s->pos == u->nbytes) {
@@ -310,7 +310,7 @@ static int crc_finish(copier *c, k3_err *e)
             continue;   /* checked, or not used */
         if (s->reread) {
             s->pos = 0;
-            s->crc = (uint32_t)crc32(0L, Z_NULL, 0);
+            s->crc = 0;   /* the CRC of nothing */
         }
         const k3_pk_unit *u = k3_pk_unit_at(c->p->pk, su);
         int rc = crc_feed_file(c, su, s->pos, u->nbytes, e);
@@ -372,7 +372,7 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
                 calloc(p->src_man.nunits + 1, sizeof(srcunit)), 0};
     c.bounce = k3_io_alloc_aligned(c.bounce_cap, 4096);
     for (uint32_t u = 0; c.su && u < p->src_man.nunits; u++)
-        c.su[u].crc = (uint32_t)crc32(0L, Z_NULL, 0);
+        c.su[u].crc = 0;   /* the CRC of nothing */
     k3_conv_w w;
     int rc = 0, opened = 0;
     if (!of.ext || !of.regions || !of.region_crc || !c.buf || !c.bounce || !c.gap || !c.gap_bounce || !c.su) {

@@ -25,6 +25,7 @@
 #include <cjson/cJSON.h>
 
 #include "k3_cli.h"
+#include "k3_crc.h"
 #include "k3_err.h"
 #include "k3_gen.h"
 #include "k3_io.h"
@@ -35,7 +36,6 @@
 #include "k3_tok.h"
 #include "k3_ws.h"
 
-#define K3_RUN_VERSION "0.1.0"
 #define MAX_PROMPT_BYTES (64ull << 20)
 #define MAX_IDS (1u << 24)
 
@@ -394,7 +394,7 @@ int main(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--version")) {
-            printf("k3-run %s (kernels: %s)\n", K3_RUN_VERSION, k3_kern_name());
+            k3_cli_print_version("k3-run");
             return 0;
         } else if (!strcmp(a, "--prompt")) {
             NEEDV();
@@ -757,8 +757,8 @@ int main(int argc, char **argv)
                "\"decode_s\":%.6f,\"decode_tokens_per_s\":%.3f}",
                t_load, st.prompt_s, st.prompt_s > 0 ? n_ids / st.prompt_s : 0.0, st.decode_s,
                st.decode_s > 0 && n_gen > 1 ? (n_gen - 1) / st.decode_s : 0.0);
-        printf(",\"kernels\":\"%s\",\"threads\":%d,\"chunk\":%llu", k3_kern_name(), omp_get_max_threads(),
-               (unsigned long long)chunk);
+        printf(",\"kernels\":\"%s\",\"crc32\":\"%s\",\"threads\":%d,\"chunk\":%llu", k3_kern_name(), k3_crc_name(),
+               omp_get_max_threads(), (unsigned long long)chunk);
         if (ram_arg) {
             char *sj = k3_stream_report_json(&run);
             if (!sj) {

@@ -33,6 +33,7 @@
 #include <time.h>
 #include <zlib.h>
 
+#include "k3_crc.h"
 #include "k3_io.h"
 #include "k3_kern.h"
 #include "k3_pk.h"
@@ -334,10 +335,10 @@ static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint
     if (!w->threads_on || !w->tc) {
         int rc = k3_pk_read(w->pk, file, dst, n, off, NULL, 0, e);
         if (rc == 0 && crc)
-            *crc = (uint32_t)crc32(0, dst + (a - off), (uInt)(b - a));
+            *crc = k3_crc32(0, dst + (a - off), (size_t)(b - a));
         return rc;
     }
-    uLong fold = crc32(0, NULL, 0);
+    uLong fold = 0;   /* the CRC of nothing */
     for (uint64_t done = 0; done < n;) {
         pthread_mutex_lock(&w->x_mu);
         uint32_t k = 0;
@@ -791,7 +792,7 @@ static void *io_main(void *arg)
             c->rc = k3_pk_read(w->pk, c->file, c->dst, c->n, c->off, NULL, 0, &c->err);
             if (c->rc == 0 && want_crc) {
                 uint64_t a = c->cb > c->ca ? c->ca : c->off, b = c->cb > c->ca ? c->cb : c->off + c->n;
-                c->crc = (uint32_t)crc32(0, c->dst + (a - c->off), (uInt)(b - a));
+                c->crc = k3_crc32(0, c->dst + (a - c->off), (size_t)(b - a));
             }
             pthread_mutex_lock(&w->x_mu);
             if (++w->tc_done == w->tc_n)

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define K3_SYNTH_VERSION "0.1.0"
 
 
 static volatile sig_atomic_t interrupted;
@@ -123,7 +122,7 @@ int main(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--version")) {
-            printf("k3-synth %s (kernels: %s)\n", K3_SYNTH_VERSION, k3_kern_name());
+            k3_cli_print_version("k3-synth");
             return 0;
         } else if (!strcmp(a, "--preset")) {
             NEED_VALUE();

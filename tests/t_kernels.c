@@ -689,3 +689,21 @@ K3_TEST(kern_products_accept_empty_shapes_and_unaligned_buffers)
     }
     free(W), free(P), free(S), free(X), free(Y0), free(Y1);
 }
+
+/* Every tool's --version names the kernel path, and K3_ISA forcing reaches it. */
+K3_TEST(every_tool_version_names_the_kernel_and_crc_paths)
+{
+    static const char *tools[] = {"k3-convert", "k3-verify", "k3-pack", "k3-synth", "k3-run"};
+    for (size_t i = 0; i < sizeof tools / sizeof *tools; i++) {
+        char *out = NULL;
+        CHECK_EQ_INT(k3t_runf(&out, NULL, "%s --version", tools[i]), 0);
+        CHECK_STR_CONTAINS(out, tools[i]);
+        CHECK_STR_CONTAINS(out, "kernels: ");
+        CHECK_STR_CONTAINS(out, "crc32: ");
+        free(out);
+        out = NULL;
+        CHECK_EQ_INT(k3t_runf(&out, NULL, "K3_ISA=scalar %s --version", tools[i]), 0);
+        CHECK_STR_CONTAINS(out, "kernels: scalar");
+        free(out);
+    }
+}

@@ -40,6 +40,10 @@ K3_TEST(run_help_and_version)
     CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-run --version"), 0);
     CHECK_STR_CONTAINS(out, "k3-run ");
     CHECK_STR_CONTAINS(out, "kernels: ");
+    CHECK_STR_CONTAINS(out, "crc32: ");
+    free(out);
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "K3_CRC=zlib k3-run --version"), 0);
+    CHECK_STR_CONTAINS(out, "crc32: zlib (K3_CRC)");
     free(out);
 }
 

@@ -41,6 +41,7 @@ static void usage(FILE *f)
             "  --sample N    --quick: records whose CRC is checked (default 32)\n"
             "  --threads N   hashing threads (default: number of CPUs)\n"
             "  --quiet       only problems, no summary line\n"
+            "  --version     the version and the kernel and CRC paths in use\n"
             "  -h, --help    this help\n"
             "\n"
             "Exit status: 0 all good, 1 problems found (each listed on stdout), 2 usage,\n"
@@ -67,6 +68,9 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--version")) {
+            k3_cli_print_version("k3-verify");
             return 0;
         } else if (!strcmp(a, "--quick")) {
             v.full = 0;

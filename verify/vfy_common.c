@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
 
+#include "k3_crc.h"
 #include "k3_io.h"
 #include "k3_man.h"
 
@@ -124,7 +124,7 @@ static void hash_one(k3_vfy *v, k3_vfy_job *j, uint8_t *buf)
         return;
     }
     uint32_t r = 0;
-    uLong crc = crc32(0L, Z_NULL, 0);
+    uint32_t crc = 0;   /* the CRC of nothing */
     uint64_t off = 0, crcs = 0;
     int ok = 1;
     while (off < j->size) {
@@ -156,14 +156,14 @@ static void hash_one(k3_vfy *v, k3_vfy_job *j, uint8_t *buf)
                 continue;
             }
             uint64_t take = (gend < off + n ? gend : off + n) - pos;
-            crc = crc32(crc, buf + (pos - off), (uInt)take);
+            crc = k3_crc32(crc, buf + (pos - off), (size_t)take);
             pos += take;
             if (pos == gend) {
                 crcs++;
-                if ((uint32_t)crc != g->crc)
+                if (crc != g->crc)
                     k3_vfy_problem(v, j->name, "%s at offset %" PRIu64 ": CRC32 mismatch (expected %08x, computed %08x)",
-                                   g->what, g->off, g->crc, (uint32_t)crc);
-                crc = crc32(0L, Z_NULL, 0);
+                                   g->what, g->off, g->crc, crc);
+                crc = 0;
                 r++;
             }
         }

@@ -13,8 +13,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
+#include "k3_crc.h"
 #include "k3_io.h"
 #include "k3_man.h"
 #include "vfy.h"
@@ -196,7 +196,7 @@ static void check_embed_rows(k3_vfy *v, pstate *s)
             break;
         }
         close(fd);
-        uint32_t c = (uint32_t)crc32(crc32(0L, Z_NULL, 0), buf, (uInt)rb);
+        uint32_t c = k3_crc32(0, buf, (size_t)rb);
         if (c != s->row_crc[r])
             k3_vfy_problem(v, f->name, "embedding row %" PRIu64 " at offset %" PRIu64
                            ": CRC32 mismatch (embed.crc says %08x, computed %08x)", r, off, s->row_crc[r], c);
@@ -298,7 +298,7 @@ static void sample_records(k3_vfy *v, pstate *s)
             continue;
         }
         close(fd);
-        uint32_t c = (uint32_t)crc32(crc32(0L, Z_NULL, 0), buf, (uInt)m->xl.stride);
+        uint32_t c = k3_crc32(0, buf, (size_t)m->xl.stride);
         uint32_t layer = (uint32_t)(i / m->cfg.num_experts) + m->cfg.first_k_dense_replace;
         if (c != r->crc32)
             k3_vfy_problem(v, f->name, "record layer %u expert %u at offset %" PRIu64
