@@ -32,13 +32,19 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* CPU seconds of the whole process (all threads). Divided by the thread
- * count it is the time the work took while it had the cores: on a shared,
- * overloaded machine wall time mostly measures the scheduler. */
+/* CPU seconds of the calling thread: the time the work took while it had a
+ * core (on a shared, overloaded machine wall time mostly measures the
+ * scheduler). Used for the 1-thread lines only, where the product runs on
+ * this thread alone. The 2-thread lines have no CPU-time figure: the process
+ * clock (CLOCK_PROCESS_CPUTIME_ID) adds a thread running on the other core
+ * only at its next scheduler tick or switch, so for calls well under a tick
+ * it counted about the calling thread alone (2-thread "cpu" times came out
+ * at half the wall time, ratios above 1), and OpenMP workers spinning
+ * between calls would count as work anyway. */
 static double cpu_now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -74,7 +80,7 @@ static void fill_random(void *buf, uint64_t n, uint64_t seed)
 
 struct stream_bw {
     double triad, read;         /* GB/s, medians, wall clock */
-    double triad_cpu, read_cpu; /* GB/s, medians, CPU time / threads */
+    double triad_cpu, read_cpu; /* GB/s, medians, thread CPU time (1 thread only) */
 };
 
 static double median(double *v, int n)
@@ -138,11 +144,11 @@ static struct stream_bw stream_measure(int threads, uint64_t mib)
         double t0 = now(), c0 = cpu_now();
         double bytes = probe_triad(a, b, c, n);
         tr[k] = bytes / (now() - t0) / 1e9;
-        trc[k] = bytes / ((cpu_now() - c0) / threads) / 1e9;
+        trc[k] = bytes / (cpu_now() - c0) / 1e9;
         t0 = now(), c0 = cpu_now();
         bytes = probe_read(b, n);
         rd[k] = bytes / (now() - t0) / 1e9;
-        rdc[k] = bytes / ((cpu_now() - c0) / threads) / 1e9;
+        rdc[k] = bytes / (cpu_now() - c0) / 1e9;
     }
     bw.triad = median(tr, 5);
     bw.read = median(rd, 5);
@@ -206,17 +212,25 @@ int main(int argc, char **argv)
     k3_kern_init();
     printf("kernels: %s; %llu timed calls per line (median, min-max); cold pool %llu MiB\n",
            k3_kern_name(), (unsigned long long)runs, (unsigned long long)pool_mib);
+    /* passive workers sleep between calls: waking and joining them cost
+     * ~80 us per 2-thread call here, a third of a 3072x3584 MXFP4 product */
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    printf("OMP_WAIT_POLICY=%s\n", wait && *wait ? wait : "(unset: workers spin a while between calls)");
 
     struct stream_bw bw[3];
     for (int th = 1; th <= 2; th++) {
         bw[th] = stream_measure(th, 256);
-        printf("stream probe, %d thread%s: triad %.1f GB/s, read %.1f GB/s (wall); "
-               "triad %.1f, read %.1f GB/s (cpu time); 3 x 256 MiB\n", th, th > 1 ? "s" : "",
-               bw[th].triad, bw[th].read, bw[th].triad_cpu, bw[th].read_cpu);
+        if (th == 1)
+            printf("stream probe, 1 thread: triad %.1f GB/s, read %.1f GB/s (wall); "
+                   "triad %.1f, read %.1f GB/s (cpu time); 3 x 256 MiB\n",
+                   bw[th].triad, bw[th].read, bw[th].triad_cpu, bw[th].read_cpu);
+        else
+            printf("stream probe, %d threads: triad %.1f GB/s, read %.1f GB/s (wall); 3 x 256 MiB\n",
+                   th, bw[th].triad, bw[th].read);
     }
     printf("\nwall: median wall-clock ms (min-max), GB/s of weights, GFLOP/s, ratio of GB/s to\n"
-           "the wall triad / read probes; cpu: the same from process CPU time / threads\n"
-           "against the cpu-time probes (what the kernel does while it has the cores)\n\n");
+           "the wall triad / read probes; cpu (1 thread only): the same from the thread's\n"
+           "CPU time against the cpu-time probes (what the kernel does while it has the core)\n\n");
     printf("%-5s %-10s %-4s %2s %3s %9s %17s %7s %7s %5s %5s | %8s %7s %7s %5s %5s\n", "kind",
            "shape", "mode", "th", "T", "ms", "(min-max)", "GB/s", "GFLOP/s", "/trd", "/read",
            "cpu ms", "GB/s", "GFLOP/s", "/trd", "/read");
@@ -286,7 +300,7 @@ int main(int argc, char **argv)
                         double t0 = now(), c0 = cpu_now();
                         call(s, w, rows, X, T, Y);
                         times[k] = now() - t0;
-                        cpus[k] = (cpu_now() - c0) / th;
+                        cpus[k] = cpu_now() - c0;
                     }
                     double med = median(times, (int)runs), cmed = median(cpus, (int)runs);
                     double wb = (double)weight_bytes(s, rows);
@@ -297,13 +311,16 @@ int main(int argc, char **argv)
                         cold_wall[si][th - 1][ti] = med;
                         cold_cpu[si][th - 1][ti] = cmed;
                     }
-                    printf("%-5s %-10s %-4s %2d %3u %9.3f %17s %7.1f %7.1f %5.2f %5.2f | %8.3f %7.1f "
-                           "%7.1f %5.2f %5.2f\n",
+                    printf("%-5s %-10s %-4s %2d %3u %9.3f %17s %7.1f %7.1f %5.2f %5.2f | ",
                            s->mx ? "mxfp4" : "bf16", name, hot ? "hot" : "cold", th, T, med * 1e3,
                            mm, wb / med / 1e9, flop / med / 1e9, hot ? 0.0 : wb / med / 1e9 / bw[th].triad,
-                           hot ? 0.0 : wb / med / 1e9 / bw[th].read, cmed * 1e3, wb / cmed / 1e9,
-                           flop / cmed / 1e9, hot ? 0.0 : wb / cmed / 1e9 / bw[th].triad_cpu,
-                           hot ? 0.0 : wb / cmed / 1e9 / bw[th].read_cpu);
+                           hot ? 0.0 : wb / med / 1e9 / bw[th].read);
+                    if (th == 1)
+                        printf("%8.3f %7.1f %7.1f %5.2f %5.2f\n", cmed * 1e3, wb / cmed / 1e9,
+                               flop / cmed / 1e9, hot ? 0.0 : wb / cmed / 1e9 / bw[th].triad_cpu,
+                               hot ? 0.0 : wb / cmed / 1e9 / bw[th].read_cpu);
+                    else
+                        printf("%8s %7s %7s %5s %5s\n", "-", "-", "-", "-", "-");
                     fflush(stdout);
                 }
             }
@@ -313,7 +330,7 @@ int main(int argc, char **argv)
         k3_io_free_aligned(Y);
     }
     printf("\nsummary (cold): T=1 weight GB/s over the triad probe, and the time of T=16\n"
-           "and T=64 over the time of T=1 (wall | cpu)\n");
+           "and T=64 over the time of T=1 (wall | cpu, 1 thread only)\n");
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const struct shape *s = &shapes[si];
         if (only && strcmp(only, s->mx ? "mx" : "bf16"))
@@ -321,12 +338,16 @@ int main(int argc, char **argv)
         for (int th = 1; th <= 2; th++) {
             double wb = (double)weight_bytes(s, s->rows);
             double w1 = cold_wall[si][th - 1][0], c1 = cold_cpu[si][th - 1][0];
-            printf("%-5s %5llux%-5llu %d thread%s: T=1 %.2f | %.2f of triad;  T=16 %.1fx | %.1fx;  "
-                   "T=64 %.1fx | %.1fx\n", s->mx ? "mxfp4" : "bf16", (unsigned long long)s->rows,
-                   (unsigned long long)s->cols, th, th > 1 ? "s" : " ",
-                   wb / w1 / 1e9 / bw[th].triad, wb / c1 / 1e9 / bw[th].triad_cpu,
-                   cold_wall[si][th - 1][2] / w1, cold_cpu[si][th - 1][2] / c1,
-                   cold_wall[si][th - 1][3] / w1, cold_cpu[si][th - 1][3] / c1);
+            printf("%-5s %5llux%-5llu %d thread%s: ", s->mx ? "mxfp4" : "bf16",
+                   (unsigned long long)s->rows, (unsigned long long)s->cols, th, th > 1 ? "s" : " ");
+            if (th == 1)
+                printf("T=1 %.2f | %.2f of triad;  T=16 %.1fx | %.1fx;  T=64 %.1fx | %.1fx\n",
+                       wb / w1 / 1e9 / bw[th].triad, wb / c1 / 1e9 / bw[th].triad_cpu,
+                       cold_wall[si][th - 1][2] / w1, cold_cpu[si][th - 1][2] / c1,
+                       cold_wall[si][th - 1][3] / w1, cold_cpu[si][th - 1][3] / c1);
+            else
+                printf("T=1 %.2f of triad;  T=16 %.1fx;  T=64 %.1fx\n", wb / w1 / 1e9 / bw[th].triad,
+                       cold_wall[si][th - 1][2] / w1, cold_wall[si][th - 1][3] / w1);
         }
     }
     free(times);

@@ -11,6 +11,8 @@
  * magnitude (low 3 bits) in the group's row of k3_kern_mx_table8x, and one xor
  * with the nibble shifted left by 28 restores the pre-xored bits and sets the
  * sign from bit 3 (so nibble 8 gives -0, exactly e2m1 * scale as in ref.c).
+ * At T > 4 each row-group is decoded once per call (per 32 vectors) into a
+ * small f32 buffer and multiplied from there (mx_batched).
  */
 #include "k3_kern.h"
 #include "kern_impl.h"
@@ -203,6 +205,131 @@ static void mx_tile_1x1(const uint8_t *packed, const uint8_t *scales, uint64_t r
 static void mx_tile_1x2(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { mx_tile(packed, scales, rows, cols, X, Y, r, t0, 1, 2); }
 
 /*
+ * T > 1: decode once, multiply many. For a panel of MXB_PANEL rows and a
+ * chunk of MXB_CHUNK groups, every row-group is decoded once (mx_weights8)
+ * into wbuf, exact f32 weights in element order; then each block of up to 3
+ * vectors runs a 1-row x TB tile (4 TB accumulators, the row's 4 weight
+ * vectors in registers, x as FMA operands) over every row of the panel, so
+ * the block's slice of X stays in L1 for the panel. A group with scale 255
+ * is marked in skip[] and its FMAs are left out, as in ref.c. The lanes live
+ * in accb between chunks; each lane takes its columns in increasing order.
+ * Stack: accb 16 KiB + wbuf 8 KiB.
+ */
+#define MXB_PANEL 4
+#define MXB_CHUNK 16
+#define MXB_TSLICE 32
+
+AI void mxb_tile(const float *wb, const uint8_t *skip, const float *X, uint64_t cols,
+                 uint64_t c0, uint32_t t, float *accb, uint64_t ng, const int TB)
+{
+    __m256 acc[3][4];
+    const float *x[3];
+#pragma GCC unroll 3
+    for (int j = 0; j < TB; j++) {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            acc[j][k] = _mm256_load_ps(accb + (uint64_t)j * 32 + 8 * (uint64_t)k);
+        x[j] = X + (uint64_t)(t + (uint32_t)j) * cols + c0;
+    }
+    for (uint64_t g = 0; g < ng; g++) {
+        if (skip[g])
+            continue;
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            __m256 w = _mm256_load_ps(wb + g * 32 + 8 * (uint64_t)k);
+#pragma GCC unroll 3
+            for (int j = 0; j < TB; j++)
+                acc[j][k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x[j] + g * 32 + 8 * (uint64_t)k), acc[j][k]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int j = 0; j < TB; j++)
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            _mm256_store_ps(accb + (uint64_t)j * 32 + 8 * (uint64_t)k, acc[j][k]);
+}
+
+typedef void (*mxb_tile_fn)(const float *, const uint8_t *, const float *, uint64_t, uint64_t,
+                            uint32_t, float *, uint64_t);
+static void mxb_tile_1(const float *wb, const uint8_t *skip, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t ng) { mxb_tile(wb, skip, X, cols, c0, t, accb, ng, 1); }
+static void mxb_tile_2(const float *wb, const uint8_t *skip, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t ng) { mxb_tile(wb, skip, X, cols, c0, t, accb, ng, 2); }
+static void mxb_tile_3(const float *wb, const uint8_t *skip, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t ng) { mxb_tile(wb, skip, X, cols, c0, t, accb, ng, 3); }
+
+/* Decodes groups [g0, g1) of rows [r, r + np) into wbuf; skip[i][g] = scale 255.
+ * The same groups of the next panel (rows r + MXB_PANEL.., if below r_end)
+ * are fetched meanwhile, and its scales with the first chunk: short rows
+ * defeat the hardware prefetchers. */
+static void mxb_decode(const uint8_t *packed, const uint8_t *scales, uint64_t cols, uint64_t r,
+                       uint64_t np, uint64_t r_end, uint64_t g0, uint64_t g1, float *wbuf,
+                       uint8_t *skip)
+{
+    const __m256i Z = _mm256_set1_epi32((int)0x80808000u);
+    const __m256i ctrl[4] = {
+        _mm256_or_si256(Z, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)),
+        _mm256_or_si256(Z, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)),
+        _mm256_or_si256(Z, _mm256_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11)),
+        _mm256_or_si256(Z, _mm256_setr_epi32(12, 12, 13, 13, 14, 14, 15, 15)),
+    };
+    uint64_t groups = cols / 32;
+    uint64_t rn = r + 2 * MXB_PANEL <= r_end ? r + MXB_PANEL : r;
+    for (uint64_t b = 0; g0 == 0 && b < MXB_PANEL * groups; b += 64)
+        _mm_prefetch((const char *)(scales + rn * groups) + b, _MM_HINT_T0);
+    for (uint64_t i = 0; i < np; i++) {
+        const uint8_t *sc = scales + (r + i) * groups, *p = packed + (r + i) * (cols / 2);
+        const char *pn = (const char *)(packed + (rn + i) * (cols / 2));
+        for (uint64_t g = g0; g < g1; g++) {
+            if ((g & 3) == 0)
+                _mm_prefetch(pn + g * 16, _MM_HINT_T0);
+            float *o = wbuf + (i * MXB_CHUNK + (g - g0)) * 32;
+            skip[i * MXB_CHUNK + (g - g0)] = sc[g] == 255;
+            __m256 tab8 = _mm256_load_ps((const float *)k3_kern_mx_table8x[sc[g]]);
+            __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + g * 16)));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                _mm256_store_ps(o + 8 * k, mx_weights8(bytes, ctrl[k], tab8));
+        }
+    }
+}
+
+static void mx_batched(const uint8_t *packed, const uint8_t *scales, uint64_t rows,
+                       uint64_t cols, const float *X, uint32_t T, float *Y, uint64_t r0,
+                       uint64_t r1)
+{
+    static const mxb_tile_fn tiles[4] = {0, mxb_tile_1, mxb_tile_2, mxb_tile_3};
+    _Alignas(32) float accb[MXB_PANEL * MXB_TSLICE * 32];
+    _Alignas(32) float wbuf[MXB_PANEL * MXB_CHUNK * 32];
+    uint8_t skip[MXB_PANEL * MXB_CHUNK];
+    uint64_t groups = cols / 32;
+    /* panels outside, vector slices inside: weights come from memory once */
+    for (uint64_t rp = r0; rp < r1; rp += MXB_PANEL) {
+        uint64_t np = r1 - rp < MXB_PANEL ? r1 - rp : MXB_PANEL;
+        for (uint32_t ts = 0; ts < T; ts += MXB_TSLICE) {
+            uint32_t nt = T - ts < MXB_TSLICE ? T - ts : MXB_TSLICE;
+            memset(accb, 0, np * nt * 32 * sizeof(float));
+            for (uint64_t g0 = 0; g0 < groups; g0 += MXB_CHUNK) {
+                uint64_t g1 = groups - g0 < MXB_CHUNK ? groups : g0 + MXB_CHUNK;
+                mxb_decode(packed, scales, cols, rp, np, r1, g0, g1, wbuf, skip);
+                for (uint32_t t = 0; t < nt;) {
+                    /* blocks of 3, the last ones 2 + 2 rather than 3 + 1 */
+                    uint32_t left = nt - t, tb = left == 4 || left == 2 ? 2 : left >= 3 ? 3 : 1;
+                    for (uint64_t i = 0; i < np; i++)
+                        tiles[tb](wbuf + i * MXB_CHUNK * 32, skip + i * MXB_CHUNK, X, cols,
+                                  g0 * 32, ts + t, accb + (i * nt + t) * 32, g1 - g0);
+                    t += tb;
+                }
+            }
+            for (uint64_t i = 0; i < np; i++)
+                for (uint32_t t = 0; t < nt; t++) {
+                    const float *a = accb + (i * nt + t) * 32;
+                    __m256 v[4] = {_mm256_load_ps(a), _mm256_load_ps(a + 8), _mm256_load_ps(a + 16),
+                                   _mm256_load_ps(a + 24)};
+                    Y[(uint64_t)(ts + t) * rows + rp + i] = fold32(v);
+                }
+        }
+    }
+}
+
+/*
  * T = 1 (decode-bound): as in gemm_avx512.c, the activation vector is
  * permuted once per call so that weights come out of the cheapest decode in
  * x's order: the group's 16 bytes broadcast to both 128-bit lanes, one
@@ -311,6 +438,13 @@ static void avx2_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, uint
             mx_tile_1x1(packed, scales, rows, cols, X, Y, r, 0);
         return;
     }
+    if (T > 4) {
+        mx_batched(packed, scales, rows, cols, X, T, Y, r0, r1);
+        return;
+    }
+    /* T <= 4: the decode is paid only twice per row-group here and the
+     * whole-row tiles need no parked lanes; measured 3-9 % faster than
+     * mx_batched at T = 4 (and 40 % slower at T = 16) */
     for (; r < r1; r++) {
         uint32_t t = 0;
         for (; t + 2 <= T; t += 2)

@@ -19,9 +19,12 @@
  * 8-row blocks without a scale-255 group skip the per-group test
  * (mx_t1_8_clean; K3_MX_T1=checked forces mx_t1_tile). For
  * T > 1 the decode uses vpmultishiftqb (AVX512-VBMI) or vpshufb + vpsrlvd to
- * put the nibbles in element order, and the work runs in panels of rows and
+ * put the nibbles in element order, and the work runs in panels of 8 rows and
  * chunks of columns with the lanes parked in a stack buffer between chunks
- * (see mx_batched). Groups with scale 255 are skipped, as in ref.c.
+ * (see mx_batched): a chunk without scale 255 is decoded once into a small
+ * buffer of f32 weights (16 KiB, L1) and multiplied by register tiles of
+ * 4 rows x 3 vectors (mxb_*; K3_MX_BATCH=checked forces the per-block
+ * decode of mxc_*). Groups with scale 255 are skipped, as in ref.c.
  *
  * None of this changes the per-output order: every lane takes its columns in
  * increasing order, and fold32 is the ref.c tree.
@@ -262,11 +265,23 @@ AI void mx_tile_shuf(const uint8_t *packed, const uint8_t *scales, uint64_t rows
  * the panel's slice of weights (8 x 256 B) stays in L1 for all blocks. The 32
  * lanes of every (row, vector) live in accb between chunks; each lane still
  * takes its columns in increasing order, so the result is the ref.c one.
- * The weights come from memory once per call (per 64 vectors).
+ * Vectors go in slices of MX_TSLICE inside each panel, so the weights come
+ * from memory once per call whatever T is. This per-block decode (mxc_*)
+ * serves chunks with a scale-255 group and row tails; the others take the
+ * decode-once loop below (mxb_*). Stack: accb 32 KiB + wbuf 16 KiB.
  */
+#ifndef MX_PANEL
 #define MX_PANEL 8
+#endif
+#ifndef MX_CHUNK
 #define MX_CHUNK 16
-#define MX_TSLICE 64
+#endif
+#ifndef MX_TSLICE
+#define MX_TSLICE 32
+#endif
+#ifndef MX_PF_HINT
+#define MX_PF_HINT _MM_HINT_T0
+#endif
 
 #define MX_CHUNK_BODY(DECODE)                                                             \
     uint64_t groups = cols / 32;                                                          \
@@ -344,19 +359,226 @@ static const struct mx_chunks mxc_shuf = {
     {0, mxc_shuf_2x1, mxc_shuf_2x2, mxc_shuf_2x3, mxc_shuf_2x4, mxc_shuf_2x5, mxc_shuf_2x6},
     {0, mxc_shuf_1x1, mxc_shuf_1x2, mxc_shuf_1x3, mxc_shuf_1x4, mxc_shuf_1x5, mxc_shuf_1x6}};
 
-static void mx_batched(const struct mx_chunks *k, const uint8_t *packed, const uint8_t *scales,
-                       uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y,
-                       uint64_t r0, uint64_t r1)
+/*
+ * T > 1, panels without a scale-255 group (the usual case): decode once,
+ * multiply many. The MX_PANEL rows' weights of one chunk (MX_CHUNK groups)
+ * are decoded once into wbuf, exact f32 table values in element order, laid
+ * out [tile of 4 rows][group][row][32] so that a tile reads one stream; then
+ * every block of 2 or 3 vectors runs a register tile of 4 rows x TB vectors
+ * (mxb_tile: 8 TB accumulators, one x load per 4 FMAs, one weight load per
+ * TB FMAs) over the chunk. The decode (4 vector operations per row-group)
+ * is thus paid once per chunk instead of once per 6 vectors. The lanes,
+ * their columns and the order in which they take them are those of the
+ * mxc_* loop above: same bits. A chunk in which some row has a 255 scale
+ * runs the mxc_* loop instead (it skips those groups).
+ */
+#define MXB_ROWS 4
+#ifndef MXB_FIRST
+#define MXB_FIRST 2
+#endif
+
+AI void mxb_tile(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t,
+                 float *accb, uint64_t acc_t, uint64_t ng, const char *pf, uint64_t npf,
+                 const int TB)
 {
+    __m512 acc[MXB_ROWS][3][2];
+    const float *x[3];
+#pragma GCC unroll 4
+    for (int i = 0; i < MXB_ROWS; i++)
+#pragma GCC unroll 3
+        for (int j = 0; j < TB; j++) {
+            acc[i][j][0] = _mm512_load_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32);
+            acc[i][j][1] = _mm512_load_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32 + 16);
+        }
+#pragma GCC unroll 3
+    for (int j = 0; j < TB; j++)
+        x[j] = X + (uint64_t)(t + (uint32_t)j) * cols + c0;
+    for (uint64_t g = 0; g < ng; g++) {
+        if (g < npf)
+            _mm_prefetch(pf + g * 64, MX_PF_HINT);
+        __m512 xv[3][2];
+#pragma GCC unroll 3
+        for (int j = 0; j < TB; j++) {
+            xv[j][0] = _mm512_loadu_ps(x[j] + g * 32);
+            xv[j][1] = _mm512_loadu_ps(x[j] + g * 32 + 16);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MXB_ROWS; i++) {
+            const float *w = wb + (g * MXB_ROWS + (uint64_t)i) * 32;
+            __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16);
+            /* one load per weight vector, not one per FMA (GCC would fold
+             * the load into each FMA and make the tile load-bound) */
+            __asm__("" : "+v"(w0), "+v"(w1));
+#pragma GCC unroll 3
+            for (int j = 0; j < TB; j++) {
+                acc[i][j][0] = _mm512_fmadd_ps(w0, xv[j][0], acc[i][j][0]);
+                acc[i][j][1] = _mm512_fmadd_ps(w1, xv[j][1], acc[i][j][1]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MXB_ROWS; i++)
+#pragma GCC unroll 3
+        for (int j = 0; j < TB; j++) {
+            _mm512_store_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32, acc[i][j][0]);
+            _mm512_store_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32 + 16, acc[i][j][1]);
+        }
+}
+
+typedef void (*mxb_tile_fn)(const float *, const float *, uint64_t, uint64_t, uint32_t, float *,
+                            uint64_t, uint64_t, const char *, uint64_t);
+static void mxb_tile_1(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t acc_t, uint64_t ng, const char *pf, uint64_t npf) { mxb_tile(wb, X, cols, c0, t, accb, acc_t, ng, pf, npf, 1); }
+static void mxb_tile_2(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t acc_t, uint64_t ng, const char *pf, uint64_t npf) { mxb_tile(wb, X, cols, c0, t, accb, acc_t, ng, pf, npf, 2); }
+static void mxb_tile_3(const float *wb, const float *X, uint64_t cols, uint64_t c0, uint32_t t, float *accb, uint64_t acc_t, uint64_t ng, const char *pf, uint64_t npf) { mxb_tile(wb, X, cols, c0, t, accb, acc_t, ng, pf, npf, 3); }
+
+/* The first block of vectors (TB 1 or 2) of a 4-row tile decodes as it
+ * goes: each row-group is decoded once from its nibbles, stored to wb for
+ * the later blocks, and multiplied at once, so the decode's shuffles share
+ * the ports with FMAs instead of running alone. */
+#define MXB_DTILE_BODY(DECODE)                                                            \
+    uint64_t groups = cols / 32;                                                          \
+    __m512 acc[MXB_ROWS][2][2];                                                           \
+    const float *x[2];                                                                    \
+    _Pragma("GCC unroll 4") for (int i = 0; i < MXB_ROWS; i++)                            \
+        _Pragma("GCC unroll 2") for (int j = 0; j < TB; j++) {                            \
+            acc[i][j][0] = _mm512_load_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32); \
+            acc[i][j][1] = _mm512_load_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32 + 16); \
+        }                                                                                 \
+    _Pragma("GCC unroll 2") for (int j = 0; j < TB; j++)                                  \
+        x[j] = X + (uint64_t)(t + (uint32_t)j) * cols + g0 * 32;                          \
+    const uint8_t *sc = scales + r * groups + g0, *p = packed + r * (cols / 2) + g0 * 16; \
+    for (uint64_t g = 0; g < ng; g++) {                                                   \
+        if (g < npf)                                                                      \
+            _mm_prefetch(pf + g * 64, MX_PF_HINT);                                        \
+        __m512 xv[2][2];                                                                  \
+        _Pragma("GCC unroll 2") for (int j = 0; j < TB; j++) {                            \
+            xv[j][0] = _mm512_loadu_ps(x[j] + g * 32);                                    \
+            xv[j][1] = _mm512_loadu_ps(x[j] + g * 32 + 16);                               \
+        }                                                                                 \
+        _Pragma("GCC unroll 4") for (int i = 0; i < MXB_ROWS; i++) {                      \
+            __m512 w0, w1;                                                                \
+            DECODE(p + (uint64_t)i * (cols / 2) + g * 16,                                 \
+                   _mm512_load_ps(k3_kern_mx_table[sc[(uint64_t)i * groups + g]]), &w0, &w1); \
+            float *o = wb + (g * MXB_ROWS + (uint64_t)i) * 32;                            \
+            _mm512_store_ps(o, w0);                                                       \
+            _mm512_store_ps(o + 16, w1);                                                  \
+            _Pragma("GCC unroll 2") for (int j = 0; j < TB; j++) {                        \
+                acc[i][j][0] = _mm512_fmadd_ps(w0, xv[j][0], acc[i][j][0]);               \
+                acc[i][j][1] = _mm512_fmadd_ps(w1, xv[j][1], acc[i][j][1]);               \
+            }                                                                             \
+        }                                                                                 \
+    }                                                                                     \
+    _Pragma("GCC unroll 4") for (int i = 0; i < MXB_ROWS; i++)                            \
+        _Pragma("GCC unroll 2") for (int j = 0; j < TB; j++) {                            \
+            _mm512_store_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32, acc[i][j][0]); \
+            _mm512_store_ps(accb + ((uint64_t)i * acc_t + (uint64_t)j) * 32 + 16, acc[i][j][1]); \
+        }
+
+typedef void (*mxb_dtile_fn)(const uint8_t *, const uint8_t *, uint64_t, uint64_t, uint64_t,
+                             uint64_t, float *, const float *, uint32_t, float *, uint64_t,
+                             const char *, uint64_t);
+#define MXB_DTILE_FN(KIND, ATTR, TB_)                                                     \
+    ATTR static void mxb_dtile_##KIND##_##TB_(const uint8_t *packed, const uint8_t *scales, \
+                                              uint64_t cols, uint64_t r, uint64_t g0,      \
+                                              uint64_t ng, float *wb, const float *X,      \
+                                              uint32_t t, float *accb, uint64_t acc_t,     \
+                                              const char *pf, uint64_t npf)                \
+    {                                                                                     \
+        const int TB = TB_;                                                               \
+        MXB_DTILE_BODY(mx_decode_##KIND)                                                  \
+    }
+MXB_DTILE_FN(vbmi, __attribute__((target("avx512vbmi"))), 1)
+MXB_DTILE_FN(vbmi, __attribute__((target("avx512vbmi"))), 2)
+MXB_DTILE_FN(shuf, , 1)
+MXB_DTILE_FN(shuf, , 2)
+
+/* 1 if one of the MX_PANEL rows from r has scale 255 in groups [g0, g1). */
+static int mxb_has255(const uint8_t *scales, uint64_t groups, uint64_t r, uint64_t g0, uint64_t g1)
+{
+    __mmask64 bad = 0;
+    for (uint64_t i = 0; i < MX_PANEL; i++)
+        for (uint64_t g = g0; g < g1; g += 64) {
+            uint64_t n = g1 - g < 64 ? g1 - g : 64;
+            __mmask64 m = n == 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
+            __m512i v = _mm512_maskz_loadu_epi8(m, scales + (r + i) * groups + g);
+            bad |= _mm512_mask_cmpeq_epi8_mask(m, v, _mm512_set1_epi8(-1));
+        }
+    return bad != 0;
+}
+
+/* K3_MX_BATCH=checked forces the mxc_* loop for every chunk (tests cover both). */
+static int mxb_allowed(void)
+{
+    static int pick; /* 0 unknown, 1 allowed, 2 forced off */
+    int p = __atomic_load_n(&pick, __ATOMIC_ACQUIRE);
+    if (!p) {
+        const char *force = getenv("K3_MX_BATCH");
+        p = force && !strcmp(force, "checked") ? 2 : 1;
+        __atomic_store_n(&pick, p, __ATOMIC_RELEASE);
+    }
+    return p == 1;
+}
+
+static void mx_batched(const struct mx_chunks *k, const mxb_dtile_fn *dtile,
+                       const uint8_t *packed, const uint8_t *scales, uint64_t rows,
+                       uint64_t cols, const float *X, uint32_t T, float *Y, uint64_t r0,
+                       uint64_t r1)
+{
+    static const mxb_tile_fn tiles[4] = {0, mxb_tile_1, mxb_tile_2, mxb_tile_3};
     _Alignas(64) float accb[MX_PANEL * MX_TSLICE * 32];
+    _Alignas(64) float wbuf[MX_PANEL * MX_CHUNK * 32];
     uint64_t groups = cols / 32;
-    for (uint32_t ts = 0; ts < T; ts += MX_TSLICE) {
-        uint32_t nt = T - ts < MX_TSLICE ? T - ts : MX_TSLICE;
-        for (uint64_t rp = r0; rp < r1; rp += MX_PANEL) {
-            uint64_t np = r1 - rp < MX_PANEL ? r1 - rp : MX_PANEL;
+    int fast = mxb_allowed();
+    /* panels outside, vector slices inside: a panel's weights (MX_PANEL
+     * rows) come from memory once per call whatever T is */
+    for (uint64_t rp = r0; rp < r1; rp += MX_PANEL) {
+        uint64_t np = r1 - rp < MX_PANEL ? r1 - rp : MX_PANEL;
+        for (uint32_t ts = 0; ts < T; ts += MX_TSLICE) {
+            uint32_t nt = T - ts < MX_TSLICE ? T - ts : MX_TSLICE;
             memset(accb, 0, np * nt * 32 * sizeof(float));
             for (uint64_t g0 = 0; g0 < groups; g0 += MX_CHUNK) {
                 uint64_t g1 = groups - g0 < MX_CHUNK ? groups : g0 + MX_CHUNK;
+                /* the rows are short, so the hardware prefetchers do not run
+                 * far enough ahead: the next panel (packed bytes and scales,
+                 * contiguous) is fetched while this one runs, its scales at
+                 * the start, its bytes (MX_PANEL * 16 per group) spread over
+                 * all tile calls of the chunk in the first slice, a few lines
+                 * each, so that they never wait for a free fill buffer in a
+                 * burst; without a next panel, this one's own bytes again */
+                const char *pf = (const char *)(packed + rp * (cols / 2));
+                if (rp + 2 * MX_PANEL <= r1) {
+                    pf = (const char *)(packed + (rp + MX_PANEL) * (cols / 2));
+                    const char *ns = (const char *)(scales + (rp + MX_PANEL) * groups);
+                    for (uint64_t b = 0; ts == 0 && g0 == 0 && b < MX_PANEL * groups; b += 64)
+                        _mm_prefetch(ns + b, MX_PF_HINT);
+                }
+                pf += g0 * MX_PANEL * 16;
+                if (fast && np == MX_PANEL && !mxb_has255(scales, groups, rp, g0, g1)) {
+                    /* first block decodes (1 or 2 vectors), then blocks of 3,
+                     * the last ones 2 + 2 rather than 3 + 1 */
+                    uint32_t tbs[MX_TSLICE], nb = 0;
+                    for (uint32_t t = 0; t < nt; t += tbs[nb++]) {
+                        uint32_t left = nt - t;
+                        tbs[nb] = t == 0 ? (nt >= MXB_FIRST ? MXB_FIRST : 1)
+                                         : left == 4 || left == 2 ? 2 : left >= 3 ? 3 : 1;
+                    }
+                    uint64_t lines = ts == 0 ? (g1 - g0) * MX_PANEL * 16 / 64 : 0;
+                    uint64_t share = (lines + 2 * nb - 1) / (2 * nb), done = 0;
+                    for (uint32_t b = 0, t = 0; b < nb; t += tbs[b++])
+                        for (uint64_t q = 0; q < MX_PANEL / MXB_ROWS; q++) {
+                            uint64_t npf = lines - done < share ? lines - done : share;
+                            if (b == 0)
+                                dtile[tbs[b]](packed, scales, cols, rp + q * MXB_ROWS, g0, g1 - g0,
+                                              wbuf + q * MX_CHUNK * MXB_ROWS * 32, X, ts,
+                                              accb + q * MXB_ROWS * nt * 32, nt, pf + done * 64, npf);
+                            else
+                                tiles[tbs[b]](wbuf + q * MX_CHUNK * MXB_ROWS * 32, X, cols, g0 * 32,
+                                              ts + t, accb + (q * MXB_ROWS * nt + t) * 32, nt,
+                                              g1 - g0, pf + done * 64, npf);
+                            done += npf;
+                        }
+                    continue;
+                }
                 for (uint32_t t = 0; t < nt; t += 6) {
                     uint32_t tb = nt - t < 6 ? nt - t : 6;
                     uint64_t i = 0;
@@ -398,10 +620,11 @@ MX_TILE_FN(shuf, , 1, 1)
 struct mx_tiles {
     mx_tile_fn t4x1, t1x1;
     const struct mx_chunks *chunks;
+    mxb_dtile_fn dtile[3];
 };
 
-static const struct mx_tiles mx_vbmi = {mx_vbmi_4x1, mx_vbmi_1x1, &mxc_vbmi};
-static const struct mx_tiles mx_shuf = {mx_shuf_4x1, mx_shuf_1x1, &mxc_shuf};
+static const struct mx_tiles mx_vbmi = {mx_vbmi_4x1, mx_vbmi_1x1, &mxc_vbmi, {0, mxb_dtile_vbmi_1, mxb_dtile_vbmi_2}};
+static const struct mx_tiles mx_shuf = {mx_shuf_4x1, mx_shuf_1x1, &mxc_shuf, {0, mxb_dtile_shuf_1, mxb_dtile_shuf_2}};
 
 /* K3_MX_DECODE=shuf forces the non-VBMI decode (tests cover both). */
 static const struct mx_tiles *mx_tiles_pick(void)
@@ -500,26 +723,42 @@ static void mx_t1_1(const uint8_t *packed, const uint8_t *scales, uint64_t rows,
  * The lanes and their order are exactly those of mx_t1_tile.
  */
 #define MX_T1_MAX_GROUPS (MX_T1_MAX_COLS / 32)
+#ifndef MX_T1_PF_BLOCKS
+#define MX_T1_PF_BLOCKS 1 /* prefetch distance in 8-row blocks */
+#endif
+#ifndef MX_T1_PF_HINT
+#define MX_T1_PF_HINT _MM_HINT_T0
+#endif
+#ifndef MX_T1_PF2_BLOCKS
+#define MX_T1_PF2_BLOCKS 3 /* and farther ahead into L2 */
+#endif
+#ifndef MX_T1_PF2_HINT
+#define MX_T1_PF2_HINT _MM_HINT_T1
+#endif
 
-/* Fills off for rows sc[0..8) (groups scales each); 1 if any scale is 255. */
-static int mx_t1_offsets(const uint8_t *sc, uint64_t groups, uint32_t *off)
+/* Fills off for rows sc[0..8) (groups scales each); 1 if any scale is 255.
+ * 16-bit offsets (at most 255 * 64), 32 per step: this runs once per block
+ * and cost about 6 % of the block's time with 32-bit ones, 16 per step. */
+static int mx_t1_offsets(const uint8_t *sc, uint64_t groups, uint16_t *off)
 {
-    __mmask16 bad = 0;
-    for (uint64_t i = 0; i < 8; i++)
-        for (uint64_t g = 0; g < groups; g += 16) {
-            __mmask16 m = groups - g >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (groups - g)) - 1);
-            __m128i s = _mm_maskz_loadu_epi8(m, sc + i * groups + g);
-            bad |= _mm_mask_cmpeq_epi8_mask(m, s, _mm_set1_epi8(-1));
+    __mmask32 bad = 0;
+    for (uint64_t g = 0; g < groups; g += 32) {
+        __mmask32 m = groups - g >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (groups - g)) - 1);
+#pragma GCC unroll 8
+        for (uint64_t i = 0; i < 8; i++) {
+            __m256i s = _mm256_maskz_loadu_epi8(m, sc + i * groups + g);
+            bad |= _mm256_mask_cmpeq_epi8_mask(m, s, _mm256_set1_epi8(-1));
             _mm512_store_si512(off + i * MX_T1_MAX_GROUPS + g,
-                               _mm512_slli_epi32(_mm512_cvtepu8_epi32(s), 6));
+                               _mm512_slli_epi16(_mm512_cvtepu8_epi16(s), 6));
         }
+    }
     return bad != 0;
 }
 
 /* noinline: inlined into avx512_gemm_mx_rows, GCC hoists the eight row
  * addresses and spills them again. */
 __attribute__((noinline)) static void mx_t1_8_clean(const uint8_t *packed, const uint8_t *scales,
-                                                    uint64_t cols, const uint32_t *off,
+                                                    uint64_t cols, const uint16_t *off,
                                                     const float *xp, float *Y, uint64_t r,
                                                     uint64_t r_end)
 {
@@ -532,21 +771,27 @@ __attribute__((noinline)) static void mx_t1_8_clean(const uint8_t *packed, const
     /* the next block, fetched while this one runs (see mx_t1_tile): its
      * scales now, its packed bytes two lines per group; without a next
      * block the lines fetched are this block's own (no branch in the loop) */
-    const char *pf_p = (const char *)(packed + r * rs);
-    if (r + 16 <= r_end) {
-        pf_p += 8 * rs;
-        const char *pf_s = (const char *)(scales + (r + 8) * groups);
+    const char *pf_p = (const char *)(packed + r * rs), *pf_2 = pf_p;
+    if (r + 8 * (MX_T1_PF_BLOCKS + 1) <= r_end) {
+        pf_p += 8 * MX_T1_PF_BLOCKS * rs;
+        const char *pf_s = (const char *)(scales + (r + 8 * MX_T1_PF_BLOCKS) * groups);
         for (uint64_t b = 0; b < 8 * groups; b += 64)
-            _mm_prefetch(pf_s + b, _MM_HINT_T0);
+            _mm_prefetch(pf_s + b, MX_T1_PF_HINT);
     }
+    /* a second stream MX_T1_PF2_BLOCKS ahead into L2 keeps more lines in
+     * flight than the fill buffers of L1 allow: +4-6 % cold (bench/README.md) */
+    if (r + 8 * (MX_T1_PF2_BLOCKS + 1) <= r_end)
+        pf_2 += 8 * MX_T1_PF2_BLOCKS * rs;
     __m512 acc[8][2];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++)
         acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     const uint8_t *b0 = packed + r * rs, *b4 = b0 + 4 * rs;
     for (uint64_t g = 0; g < groups; g++) {
-        _mm_prefetch(pf_p + g * 128, _MM_HINT_T0);
-        _mm_prefetch(pf_p + g * 128 + 64, _MM_HINT_T0);
+        _mm_prefetch(pf_p + g * 128, MX_T1_PF_HINT);
+        _mm_prefetch(pf_p + g * 128 + 64, MX_T1_PF_HINT);
+        _mm_prefetch(pf_2 + g * 128, MX_T1_PF2_HINT);
+        _mm_prefetch(pf_2 + g * 128 + 64, MX_T1_PF2_HINT);
         __m512 xe = _mm512_load_ps(xp + g * 32), xo = _mm512_load_ps(xp + g * 32 + 16);
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
@@ -603,7 +848,7 @@ static void avx512_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, ui
     uint64_t r = r0;
     if (T == 1 && cols <= MX_T1_MAX_COLS) {
         _Alignas(64) float xp[MX_T1_MAX_COLS];
-        _Alignas(64) uint32_t off[8 * MX_T1_MAX_GROUPS];
+        _Alignas(64) uint16_t off[8 * MX_T1_MAX_GROUPS];
         int clean = mx_t1_clean_allowed();
         mx_t1_permute_x(X, cols, xp);
         for (; r + 8 <= r1; r += 8) {
@@ -625,7 +870,7 @@ static void avx512_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, ui
             k->t1x1(packed, scales, rows, cols, X, Y, r, 0);
         return;
     }
-    mx_batched(k->chunks, packed, scales, rows, cols, X, T, Y, r0, r1);
+    mx_batched(k->chunks, k->dtile, packed, scales, rows, cols, X, T, Y, r0, r1);
 }
 
 const k3_kern_path k3_kern_path_avx512 = {

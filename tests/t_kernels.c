@@ -408,9 +408,12 @@ static int mx_t1_case(uint64_t rows, uint64_t cols, int plant255)
         default: s[i] = (uint8_t)(118 + rnd() % 14);
         }
     }
-    if (plant255)
-        s[(rnd() % rows) * groups + rnd() % groups] = 255;
     fill_x(X, cols);
+    if (plant255) {             /* and inf there: a decoded zero weight would give NaN */
+        uint64_t g = rnd() % groups;
+        s[(rnd() % rows) * groups + g] = 255;
+        X[g * 32 + rnd() % 32] = INFINITY;
+    }
     k3_kern_path_scalar.gemm_mx_rows(p, s, rows, cols, X, 1, Y0, 0, rows);
     memset(Y1, 0xff, rows * sizeof *Y1);
     k3_kern_path_find("avx512")->gemm_mx_rows(p, s, rows, cols, X, 1, Y1, 0, rows);
@@ -446,6 +449,82 @@ K3_TEST(kern_mx_avx512_t1_checked_loop_forced_bit_identical_to_scalar)
         return;
     setenv("K3_MX_T1", "checked", 1);
     mx_t1_blocks_match_scalar();
+}
+
+/* T > 1 on avx512 runs panels of 8 rows whose column chunk holds no scale
+ * 255 through a decode-once loop of its own (mxb_* in gemm_avx512.c): scales
+ * here avoid 255 except where planted, so that loop (its decoding first
+ * block of 1 or 2 vectors, the later blocks of 1, 2 and 3), the fallback for
+ * chunks with a 255 and the row tails all meet hostile scales (0, 254) and
+ * activations, across several chunks and vector slices. */
+static int mx_batched_case(uint64_t rows, uint64_t cols, uint32_t T, int plant255)
+{
+    uint64_t groups = cols / 32;
+    uint8_t *p = malloc(rows * cols / 2), *s = malloc(rows * groups);
+    float *X = malloc((uint64_t)T * cols * sizeof *X);
+    float *Y0 = malloc((uint64_t)T * rows * sizeof *Y0), *Y1 = malloc((uint64_t)T * rows * sizeof *Y1);
+    for (uint64_t i = 0; i < rows * cols / 2; i++)
+        p[i] = (uint8_t)rnd();
+    for (uint64_t i = 0; i < rows * groups; i++) {
+        switch (rnd() % 16) {
+        case 0: s[i] = 0; break;
+        case 1: s[i] = 254; break;
+        case 2: s[i] = (uint8_t)(rnd() % 255); break;
+        default: s[i] = (uint8_t)(118 + rnd() % 14);
+        }
+    }
+    fill_x(X, (uint64_t)T * cols);
+    if (plant255) {             /* and inf there: a decoded zero weight would give NaN */
+        uint64_t g = rnd() % groups;
+        s[(rnd() % rows) * groups + g] = 255;
+        for (uint32_t t = 0; t < T; t++)
+            X[(uint64_t)t * cols + g * 32 + rnd() % 32] = INFINITY;
+    }
+    k3_kern_path_scalar.gemm_mx_rows(p, s, rows, cols, X, T, Y0, 0, rows);
+    memset(Y1, 0xff, (uint64_t)T * rows * sizeof *Y1);
+    k3_kern_path_find("avx512")->gemm_mx_rows(p, s, rows, cols, X, T, Y1, 0, rows);
+    long d = first_diff(Y0, Y1, (uint64_t)T * rows);
+    if (d >= 0)
+        k3t_fail(__FILE__, __LINE__, "avx512 mx T=%u %llux%llu%s: Y[%ld] %a != scalar %a", T,
+                 (unsigned long long)rows, (unsigned long long)cols, plant255 ? " (one 255)" : "",
+                 d, Y1[d], Y0[d]);
+    free(p), free(s), free(X), free(Y0), free(Y1);
+    return d >= 0;
+}
+
+static void mx_batched_blocks_match_scalar(void)
+{
+    static const uint64_t gs[] = {1, 15, 16, 17, 33, 112};
+    static const uint32_t Ts[] = {2, 3, 4, 5, 6, 7, 16, 33, 64, 70};
+    for (size_t k = 0; k < sizeof gs / sizeof *gs; k++)
+        for (int rep = 0; rep < 5; rep++) {
+            uint64_t rows = rep == 0 ? 8 : rep == 1 ? 16 : 8 + rnd() % 21;
+            uint32_t T = Ts[(k * 5 + (size_t)rep) % (sizeof Ts / sizeof *Ts)];
+            if (mx_batched_case(rows, 32 * gs[k], T, rep == 4))
+                return;
+        }
+}
+
+K3_TEST(kern_mx_avx512_batched_panels_bit_identical_to_scalar)
+{
+    if (k3_kern_supported("avx512"))
+        mx_batched_blocks_match_scalar();
+}
+
+K3_TEST(kern_mx_avx512_batched_shuffle_decode_bit_identical_to_scalar)
+{
+    if (!k3_kern_supported("avx512"))
+        return;
+    setenv("K3_MX_DECODE", "shuf", 1);
+    mx_batched_blocks_match_scalar();
+}
+
+K3_TEST(kern_mx_avx512_batched_checked_loop_forced_bit_identical_to_scalar)
+{
+    if (!k3_kern_supported("avx512"))
+        return;
+    setenv("K3_MX_BATCH", "checked", 1);
+    mx_batched_blocks_match_scalar();
 }
 
 /* The scalar contract itself against an independent double-precision dot
@@ -518,21 +597,29 @@ K3_TEST(kern_bf16_product_close_to_double)
  * group contributes its subnormal products; -0 weights keep their sign. */
 K3_TEST(kern_mx_scale_255_skips_group_even_against_inf)
 {
-    enum { C = 96 };
-    uint8_t p[C / 2], s[3] = {127, 255, 0};
-    float X[C], Y[3][1];
-    for (int i = 0; i < C / 2; i++)
+    enum { C = 96, R = 9, TMAX = 16 };
+    uint8_t p[R * C / 2], s[R * 3];
+    float X[TMAX * C], Y[3][TMAX * R];
+    for (int i = 0; i < R * C / 2; i++)
         p[i] = 0x22;                                                 /* 1.0, 1.0 */
-    for (int i = 0; i < C; i++)
-        X[i] = 1.0f;
-    X[40] = INFINITY;
-    X[41] = NAN;
-    for (size_t k = 0; k < 3; k++) {
-        const char *isa = k == 0 ? "scalar" : isas[k - 1];
-        if (!k3_kern_supported(isa))
-            continue;
-        k3_kern_path_find(isa)->gemm_mx_rows(p, s, 1, C, X, 1, Y[k], 0, 1);
-        CHECK(Y[k][0] == 32.0f + 32 * 0x1p-127f);
+    for (int r = 0; r < R; r++)
+        s[3 * r] = 127, s[3 * r + 1] = 255, s[3 * r + 2] = 0;
+    for (int i = 0; i < TMAX * C; i++)
+        X[i] = i % C == 40 ? INFINITY : i % C == 41 ? NAN : 1.0f;
+    /* one row and T = 1, then 9 rows (a panel of 8 and a tail) at T > 1:
+     * every product path and block shape meets the skipped group */
+    static const uint32_t Ts[] = {1, 2, 3, 5, 16};
+    for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+        uint32_t T = Ts[ti];
+        uint64_t rows = T == 1 ? 1 : R;
+        for (size_t k = 0; k < 3; k++) {
+            const char *isa = k == 0 ? "scalar" : isas[k - 1];
+            if (!k3_kern_supported(isa))
+                continue;
+            k3_kern_path_find(isa)->gemm_mx_rows(p, s, rows, C, X, T, Y[k], 0, rows);
+            for (uint64_t o = 0; o < rows * T; o++)
+                CHECK(Y[k][o] == 32.0f + 32 * 0x1p-127f);
+        }
     }
     /* all -0 weights against +x: every lane stays +0 (+0 + -0); against -0
      * activations with an all -0 start the result is still +0 */
