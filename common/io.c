@@ -201,6 +201,59 @@ int k3_io_pread_direct(int fd, void *dst, uint64_t n, uint64_t off,
     return 0;
 }
 
+/* Would a planted fault fire on a read covering [off, off+n) of path? (Does
+ * not consume it.) */
+static int fault_covers(const char *path, uint64_t off, uint64_t n)
+{
+    if (!fault.loaded)
+        k3_io_fault_reset();
+    return fault.kind != FAULT_NONE && path && fault.remaining != 0 && strstr(path, fault.substr) &&
+           fault.offset >= off && fault.offset - off < n;
+}
+
+int k3_io_next_data(int fd, uint64_t off, uint64_t end, uint64_t *data_off, uint64_t *data_end, const char *path,
+                    k3_err *e)
+{
+    const uint64_t A = K3_IO_DIRECT_ALIGN;
+    *data_off = off;
+    *data_end = end;
+    if (off >= end) {
+        *data_off = *data_end = end;
+        return 0;
+    }
+    if (off > INT64_MAX || end > INT64_MAX)
+        return k3_err_set(e, K3_EARG, "%s: range at offset %" PRIu64 " overflows", path, off);
+    off_t d = lseek(fd, (off_t)off, SEEK_DATA);
+    if (d < 0) {
+        if (errno == ENXIO) {
+            d = (off_t)end; /* a hole up to EOF */
+        } else if (errno == EINVAL || errno == EOPNOTSUPP) {
+            return 0; /* the filesystem cannot tell: all data */
+        } else {
+            return k3_err_sys(e, K3_EIO, errno, "%s: SEEK_DATA at offset %" PRIu64, path, off);
+        }
+    }
+    uint64_t lo = (uint64_t)d < end ? (uint64_t)d / A * A : end;
+    lo = lo < off ? off : lo;
+    uint64_t hi = end;
+    if (lo < end) {
+        off_t h = lseek(fd, d, SEEK_HOLE);
+        if (h < 0)
+            return k3_err_sys(e, K3_EIO, errno, "%s: SEEK_HOLE at offset %" PRIu64, path, (uint64_t)d);
+        hi = ((uint64_t)h + A - 1) / A * A;
+        hi = hi > end ? end : hi;
+    }
+    /* a fault planted in the hole must still fire: the hole is read */
+    if (lo > off && fault_covers(path, off, lo - off)) {
+        *data_off = off;
+        *data_end = lo < end ? hi : end;
+        return 0;
+    }
+    *data_off = lo;
+    *data_end = hi;
+    return 0;
+}
+
 int k3_io_open_read(const char *path, int direct, int *is_direct, k3_err *e)
 {
     int fd = -1;

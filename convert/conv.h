@@ -119,6 +119,7 @@ typedef struct k3_conv_opts {
 typedef struct k3_conv_stats {
     uint32_t groups, groups_skipped;
     uint64_t bytes_read, bytes_written, holes_bytes;
+    uint64_t src_hole_bytes;    /* input bytes in holes: zeros, hashed but not read */
     double seconds;
     uint64_t peak_rss_kb;
 } k3_conv_stats;

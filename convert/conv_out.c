@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h> /* crc32_combine64 */
 
 #include "k3_crc.h"
 #include "k3_io.h"
@@ -26,11 +27,32 @@
 #define READBACK (4u << 20)
 #define SYNC_EVERY (64ull << 20)
 
-static const uint8_t zeros[65536];
+static const uint8_t zeros[65536] __attribute__((aligned(4096)));
 
+/* zlib's crc32(crc, <n zero bytes>, n), in O(log n): with crc32's pre- and
+ * post-inversion, appending n zeros multiplies (crc ^ ~0) by x^(8n) and
+ * inverts again, which is crc32_combine(crc ^ ~0, ~0, n). Tested against
+ * crc32 over real zero buffers. */
+uint32_t k3_conv_crc32_zeros(uint32_t crc, uint64_t n)
+{
+    if (n == 0)
+        return crc;
+    return (uint32_t)crc32_combine64((uLong)(crc ^ 0xffffffffu), 0xffffffffUL, (z_off64_t)n);
+}
+
+/* Bytes [frontier, frontier+n) of the file go to the hashes; buf NULL: they
+ * are zeros (SHA-256 still sees every byte; the CRCs skip ahead exactly). */
 static void feed(k3_conv_w *w, const uint8_t *buf, uint64_t n)
 {
-    EVP_DigestUpdate(w->md, buf, (size_t)n);
+    if (buf) {
+        EVP_DigestUpdate(w->md, buf, (size_t)n);
+    } else {
+        for (uint64_t left = n; left;) {
+            uint64_t take = left > sizeof zeros ? sizeof zeros : left;
+            EVP_DigestUpdate(w->md, zeros, (size_t)take);
+            left -= take;
+        }
+    }
     const k3_conv_ofile *of = w->of;
     uint64_t pos = w->frontier;
     while (n) {
@@ -42,7 +64,7 @@ static void feed(k3_conv_w *w, const uint8_t *buf, uint64_t n)
             } else {
                 uint64_t end = r->off + r->len;
                 take = end - pos < n ? end - pos : n;
-                w->crc = k3_crc32(w->crc, buf, (size_t)take);
+                w->crc = buf ? k3_crc32(w->crc, buf, (size_t)take) : k3_conv_crc32_zeros(w->crc, take);
                 if (pos + take == end) {
                     of->region_crc[w->creg] = (uint32_t)w->crc;
                     w->creg++;
@@ -50,7 +72,8 @@ static void feed(k3_conv_w *w, const uint8_t *buf, uint64_t n)
                 }
             }
         }
-        buf += take;
+        if (buf)
+            buf += take;
         pos += take;
         n -= take;
         if (w->creg >= of->nregions) {
@@ -64,11 +87,7 @@ static void feed(k3_conv_w *w, const uint8_t *buf, uint64_t n)
 
 static void feed_zeros(k3_conv_w *w, uint64_t n)
 {
-    while (n) {
-        uint64_t take = n > sizeof zeros ? sizeof zeros : n;
-        feed(w, zeros, take);
-        n -= take;
-    }
+    feed(w, NULL, n);
 }
 
 static int all_zero(const uint8_t *p, uint64_t n)
@@ -182,14 +201,23 @@ static int advance(k3_conv_w *w, k3_err *e)
     return 0;
 }
 
-int k3_conv_w_write(k3_conv_w *w, uint32_t ext, uint64_t off_in_ext, const void *buf, uint64_t n, k3_err *e)
+/* k3_conv_w_write, or with buf NULL k3_conv_w_write_zeros */
+static int write_at(k3_conv_w *w, uint32_t ext, uint64_t off_in_ext, const uint8_t *buf, uint64_t n, k3_err *e)
 {
     const k3_conv_ofile *of = w->of;
     if (ext >= of->next || off_in_ext != w->done[ext] || n > of->ext[ext].len - off_in_ext)
         return k3_err_set(e, K3_EINTERNAL, "%s: out-of-order write to extent %u at %" PRIu64, w->tmp, ext,
                           off_in_ext);
     const k3_conv_ext *x = &of->ext[ext];
-    int rc = sparse_write(w, buf, n, x->off + off_in_ext, e);
+    int rc = 0;
+    if (buf) {
+        rc = sparse_write(w, buf, n, x->off + off_in_ext, e);
+    } else if (w->dense) {
+        for (uint64_t d = 0; rc == 0 && d < n; d += sizeof zeros)
+            rc = put(w, zeros, n - d < sizeof zeros ? n - d : sizeof zeros, x->off + off_in_ext + d, e);
+    } else {
+        w->holes += n; /* never written since the temporary was created empty: zeros */
+    }
     if (rc)
         return rc;
     w->written += n;
@@ -206,6 +234,19 @@ int k3_conv_w_write(k3_conv_w *w, uint32_t ext, uint64_t off_in_ext, const void 
         w->synced = w->written;
     }
     return advance(w, e);
+}
+
+int k3_conv_w_write(k3_conv_w *w, uint32_t ext, uint64_t off_in_ext, const void *buf, uint64_t n, k3_err *e)
+{
+    if (!buf && n)
+        return k3_err_set(e, K3_EINTERNAL, "%s: write of %" PRIu64 " bytes from NULL", w->tmp, n);
+    static const uint8_t none;
+    return write_at(w, ext, off_in_ext, buf ? buf : &none, n, e);
+}
+
+int k3_conv_w_write_zeros(k3_conv_w *w, uint32_t ext, uint64_t off_in_ext, uint64_t n, k3_err *e)
+{
+    return write_at(w, ext, off_in_ext, NULL, n, e);
 }
 
 int k3_conv_w_finish(k3_conv_w *w, uint8_t sha[32], k3_err *e)

@@ -71,11 +71,29 @@ static void crash_point(const char *stage, uint32_t g)
 
 /* ---- the reader thread ------------------------------------------------------ */
 
+#define ZBLOCK K3_IO_DIRECT_ALIGN
+#define ZWORDS (K3_CONV_CHUNK / ZBLOCK / 64)
+
 typedef struct chunk {
     uint8_t *buf;
     uint32_t shard;
     uint64_t off, len;
+    /* bit i: block i of the chunk ([i*ZBLOCK, (i+1)*ZBLOCK) clipped to len)
+     * lay in a hole of the shard: zeros, not read */
+    uint64_t zmap[ZWORDS];
+    /* bit i: block i of buf holds zeros now (memset for an earlier hole and
+     * not read into since), so a hole there needs no memset */
+    uint64_t zbuf[ZWORDS];
 } chunk;
+
+/* Are bytes [lo, hi) of the chunk (lo < hi) known zeros (holes)? */
+static int chunk_zero(const chunk *c, uint64_t lo, uint64_t hi)
+{
+    for (uint64_t b = lo / ZBLOCK; b <= (hi - 1) / ZBLOCK; b++)
+        if (!(c->zmap[b / 64] >> (b % 64) & 1))
+            return 0;
+    return 1;
+}
 
 typedef struct reader {
     const k3_conv_plan *p;
@@ -87,6 +105,7 @@ typedef struct reader {
     chunk slots[K3_CONV_NCHUNKS];
     uint32_t head, count;       /* filled slots: head .. head+count-1 */
     int finished, failed, stop;
+    uint64_t holes;             /* bytes of this group's shards found in holes */
     k3_err err;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -101,6 +120,38 @@ static int reader_read(reader *r, int fd, int direct, uint8_t *buf, uint64_t n, 
     if (rc == 0 && n > al)
         rc = k3_io_pread_direct(fd, buf + al, n - al, off + al, r->bounce, K3_IO_DIRECT_ALIGN, path, &r->err);
     return rc;
+}
+
+/* Fill chunk c: the shard's data runs are read, its holes (zeros by
+ * definition) are memset and marked in c->zmap instead. */
+static int reader_fill(reader *r, int fd, int direct, chunk *c, const char *path)
+{
+    memset(c->zmap, 0, sizeof c->zmap);
+    uint64_t pos = c->off, end = c->off + c->len;
+    while (pos < end) {
+        uint64_t d0, d1;
+        int rc = k3_io_next_data(fd, pos, end, &d0, &d1, path, &r->err);
+        if (rc)
+            return rc;
+        /* a hole [pos, d0): pos is block-aligned, d0 too or the chunk's end */
+        r->holes += d0 - pos;
+        for (uint64_t b = (pos - c->off) / ZBLOCK; b * ZBLOCK < d0 - c->off; b++) {
+            /* the chunk's last block may be partial: its slot has room */
+            if (!(c->zbuf[b / 64] >> (b % 64) & 1)) {
+                memset(c->buf + b * ZBLOCK, 0, ZBLOCK);
+                c->zbuf[b / 64] |= 1ull << (b % 64);
+            }
+            c->zmap[b / 64] |= 1ull << (b % 64);
+        }
+        if (d0 == end)
+            break;
+        for (uint64_t b = (d0 - c->off) / ZBLOCK; b * ZBLOCK < d1 - c->off; b++)
+            c->zbuf[b / 64] &= ~(1ull << (b % 64));
+        if ((rc = reader_read(r, fd, direct, c->buf + (d0 - c->off), d1 - d0, d0, path)))
+            return rc;
+        pos = d1;
+    }
+    return 0;
 }
 
 static void *reader_main(void *arg)
@@ -140,7 +191,7 @@ static void *reader_main(void *arg)
             c->shard = s;
             c->off = off;
             c->len = size - off < r->chunk ? size - off : r->chunk;
-            if ((rc = reader_read(r, fd, direct, c->buf, c->len, off, path)))
+            if ((rc = reader_fill(r, fd, direct, c, path)))
                 break;
             EVP_DigestUpdate(md, c->buf, (size_t)c->len);
             pthread_mutex_lock(&r->mu);
@@ -170,6 +221,7 @@ typedef struct open_rec {
     int64_t rec;                /* -1: free */
     uint8_t *buf;               /* stride bytes, 4096-aligned */
     uint32_t have;
+    int nonzero;                /* 0: every byte is zero so far (buf not even cleared) */
     uint8_t complete[3][K3_MAN_XP_COUNT];
     uint8_t *stage[3][K3_MAN_XP_COUNT];
 } open_rec;
@@ -309,14 +361,25 @@ static open_rec *rec_slot(conv *cv, uint64_t rec, const k3_st_tensor *t, k3_err 
         k3_err_set(e, K3_ENOMEM, "out of memory for an expert record (%" PRIu64 " bytes)", stride);
         return NULL;
     }
-    memset(free_slot->buf, 0, (size_t)stride);
     free_slot->rec = (int64_t)rec;
     free_slot->have = 0;
+    free_slot->nonzero = 0;
     memset(free_slot->complete, 0, sizeof free_slot->complete);
     return free_slot;
 }
 
-static int handle_expert(conv *cv, const k3_conv_tensor *ct, uint64_t toff, const uint8_t *ptr, uint64_t n, k3_err *e)
+/* The record's first byte that may not be zero: clear the buffer (all
+ * parts so far were zeros, and the padding between sections is zero). */
+static void rec_touch(conv *cv, open_rec *o)
+{
+    if (!o->nonzero)
+        memset(o->buf, 0, (size_t)cv->p->man.xl.stride);
+    o->nonzero = 1;
+}
+
+/* n bytes of tensor ct at toff; zero: they are known zeros (a hole) */
+static int handle_expert(conv *cv, const k3_conv_tensor *ct, uint64_t toff, const uint8_t *ptr, uint64_t n, int zero,
+                         k3_err *e)
 {
     k3_conv_plan *p = cv->p;
     const k3_st_tensor *t = ct->st;
@@ -326,8 +389,12 @@ static int handle_expert(conv *cv, const k3_conv_tensor *ct, uint64_t toff, cons
     int w = ct->which, q = ct->part;
     int done = toff + n == t->nbytes;
     if (p->xfmt == K3_CONV_X_MXFP4) {
-        memcpy(o->buf + section(&p->man.xl, w, q) + toff, ptr, (size_t)n);
+        if (!zero) {
+            rec_touch(cv, o);
+            memcpy(o->buf + section(&p->man.xl, w, q) + toff, ptr, (size_t)n);
+        }
     } else {
+        rec_touch(cv, o); /* quantized: zeros need not quantize to zero bytes */
         if (toff == 0 && !(o->stage[w][q] = malloc((size_t)t->nbytes)))
             return k3_err_set(e, K3_ENOMEM, "out of memory staging %s", t->name);
         memcpy(o->stage[w][q] + toff, ptr, (size_t)n);
@@ -354,19 +421,26 @@ static int handle_expert(conv *cv, const k3_conv_tensor *ct, uint64_t toff, cons
     if (rc)
         return rc;
     if (o->have == R->nparts_need) {
-        rc = k3_conv_w_write(&cv->xw, R->slot, 0, o->buf, p->man.xl.stride, e);
+        rc = o->nonzero ? k3_conv_w_write(&cv->xw, R->slot, 0, o->buf, p->man.xl.stride, e)
+                        : k3_conv_w_write_zeros(&cv->xw, R->slot, 0, p->man.xl.stride, e);
         o->rec = -1;
     }
     return rc;
 }
 
-static int handle_trunk(conv *cv, const k3_conv_tensor *ct, uint64_t toff, const uint8_t *ptr, uint64_t n, k3_err *e)
+/* n bytes of tensor ct at toff (ptr holds them even when zero: they are
+ * known zeros, a hole) */
+static int handle_trunk(conv *cv, const k3_conv_tensor *ct, uint64_t toff, const uint8_t *ptr, uint64_t n, int zero,
+                        k3_err *e)
 {
     const k3_st_tensor *t = ct->st;
     const int emb = cv->embed_t >= 0 && ct == &cv->p->tensors[cv->embed_t];
     if (t->dtype == ct->out_dtype) {
         int rc = emb ? embed_feed(cv, toff, ptr, n, e) : 0;
-        return rc ? rc : k3_conv_w_write(&cv->tw, ct->ext, toff, ptr, n, e);
+        if (rc)
+            return rc;
+        return zero ? k3_conv_w_write_zeros(&cv->tw, ct->ext, toff, n, e)
+                    : k3_conv_w_write(&cv->tw, ct->ext, toff, ptr, n, e);
     }
     if (toff == 0) {
         cv->carry_len = 0;
@@ -422,9 +496,11 @@ static int process_chunk(conv *cv, const chunk *c, k3_err *e)
         uint64_t hi = tend < c->off + c->len ? tend : c->off + c->len;
         int rc = 0;
         if (ct->role == K3_CONV_T_TRUNK && p->slot_group[ct->slot] == cv->g)
-            rc = handle_trunk(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo, e);
+            rc = handle_trunk(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo,
+                              chunk_zero(c, lo - c->off, hi - c->off), e);
         else if (ct->role == K3_CONV_T_EXPERT && p->recs[ct->rec].group == cv->g)
-            rc = handle_expert(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo, e);
+            rc = handle_expert(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo,
+                               chunk_zero(c, lo - c->off, hi - c->off), e);
         if (rc)
             return rc;
         if (hi < tend)
@@ -714,6 +790,7 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
     rd->shard_end = G->shard_end;
     rd->head = rd->count = 0;
     rd->finished = rd->failed = rd->stop = 0;
+    rd->holes = 0;
     k3_err_clear(&rd->err);
     pthread_t th;
     if (pthread_create(&th, NULL, reader_main, rd) != 0) {
@@ -737,7 +814,7 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
             if (rc == 0)
                 rc = k3_st_read_range(p->st, ct->st, off, n, tmp, e);
             if (rc == 0)
-                rc = handle_trunk(cv, ct, off, tmp, n, e);
+                rc = handle_trunk(cv, ct, off, tmp, n, 0, e);
             free(tmp);
         }
     }
@@ -758,7 +835,7 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
                 if (rc == 0)
                     rc = k3_st_read(p->st, t, buf, e);
                 if (rc == 0)
-                    rc = handle_expert(cv, &p->tensors[ti], 0, buf, t->nbytes, e);
+                    rc = handle_expert(cv, &p->tensors[ti], 0, buf, t->nbytes, 0, e);
                 free(buf);
             }
     }
@@ -791,6 +868,7 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
             break;
     }
     pthread_join(th, NULL);
+    cv->s->src_hole_bytes += rd->holes;
     if (rc == 0 && rd->failed) {
         *e = rd->err;
         rc = rd->failed;

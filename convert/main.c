@@ -25,7 +25,8 @@ static void usage(FILE *f)
             "Convert the upstream checkpoint in directory SRC (config.json, *.safetensors,\n"
             "optional index and tokenizer files) into the packed model directory DST\n"
             "(format: manifests/FORMAT.md). Each input byte is read once and hashed while\n"
-            "read; output is hashed while written; manifest.json is written last.\n"
+            "read (holes of sparse shards are zeros by definition: hashed, not read);\n"
+            "output is hashed while written; manifest.json is written last.\n"
             "\n"
             "  --resume      continue an interrupted conversion into DST: finished shard\n"
             "                groups recorded in DST/.k3-convert-journal are kept (their\n"
@@ -130,9 +131,10 @@ int main(int argc, char **argv)
     if (json) {
         double mb = 1e6 * (s.seconds > 0 ? s.seconds : 1e-9);
         printf("{\"src\": \"%s\", \"dst\": \"%s\", \"groups\": %u, \"groups_skipped\": %u, "
-               "\"bytes_read\": %" PRIu64 ", \"bytes_written\": %" PRIu64 ", \"hole_bytes\": %" PRIu64 ", "
+               "\"bytes_read\": %" PRIu64 ", \"src_hole_bytes\": %" PRIu64 ", \"bytes_written\": %" PRIu64 ", "
+               "\"hole_bytes\": %" PRIu64 ", "
                "\"seconds\": %.3f, \"read_MBps\": %.1f, \"peak_rss_kb\": %" PRIu64 "}\n",
-               pos[0], pos[1], s.groups, s.groups_skipped, s.bytes_read, s.bytes_written, s.holes_bytes, s.seconds,
+               pos[0], pos[1], s.groups, s.groups_skipped, s.bytes_read, s.src_hole_bytes, s.bytes_written, s.holes_bytes, s.seconds,
                (double)s.bytes_read / mb, s.peak_rss_kb);
     }
     return 0;

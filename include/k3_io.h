@@ -42,6 +42,17 @@ int k3_io_pread_direct(int fd, void *dst, uint64_t n, uint64_t off,
  * (may be NULL) tells which. Returns fd >= 0, or a negative K3_E* code. */
 int k3_io_open_read(const char *path, int direct, int *is_direct, k3_err *e);
 
+/* The first run of data in [off, end) of an open file: *data_off is where it
+ * starts (end if the rest is a hole) and *data_end where it stops (a hole or
+ * end). Both are widened to K3_IO_DIRECT_ALIGN boundaries (clipped to
+ * [off, end)), so [off, *data_off) and [*data_end, next data) read as zeros
+ * by definition (holes) and need not be read. Where the filesystem cannot
+ * tell holes (no SEEK_DATA), everything is data. A K3_FAULT planted in a hole
+ * turns that hole into data, so injected faults still fire. Meant for files
+ * nobody is writing (a concurrent writer can fill a hole after the answer). */
+int k3_io_next_data(int fd, uint64_t off, uint64_t end, uint64_t *data_off, uint64_t *data_end, const char *path,
+                    k3_err *e);
+
 /* Size of an open file. */
 int k3_io_file_size(int fd, uint64_t *size, const char *path, k3_err *e);
 

@@ -603,3 +603,142 @@ K3_TEST(convert_f32_trunk_matrices_round_to_the_same_bf16_across_chunk_edges)
     k3_pk_close(pk);
     k3_st_close(st);
 }
+
+/* k3_conv_crc32_zeros is zlib's crc32 over that many zero bytes, for any
+ * starting CRC and length (odd, block-sized, large), and composes. */
+K3_TEST(convert_crc32_of_zeros_is_crc32_over_zero_bytes)
+{
+    static const uint64_t lens[] = {0, 1, 2, 3, 7, 64, 4095, 4096, 4097, 65536 + 13, 1u << 20, (3u << 20) + 5};
+    uint8_t *z = calloc(1, (3u << 20) + 5);
+    const uint8_t msg[] = "k3";
+    const uint32_t starts[] = {0, 0xdeadbeefu, 0xffffffffu, (uint32_t)crc32(0, msg, 2)};
+    for (size_t i = 0; i < sizeof starts / sizeof *starts; i++)
+        for (size_t j = 0; j < sizeof lens / sizeof *lens; j++)
+            CHECK_EQ_U64(k3_conv_crc32_zeros(starts[i], lens[j]), (uint32_t)crc32(starts[i], z, (uInt)lens[j]));
+    free(z);
+    /* past 4 GiB (beyond one crc32 call): zeros(a) then zeros(b) = zeros(a + b) */
+    uint64_t a = (5ull << 30) + 3, b = (3ull << 30) + 4093;
+    CHECK_EQ_U64(k3_conv_crc32_zeros(k3_conv_crc32_zeros(0x1234u, a), b), k3_conv_crc32_zeros(0x1234u, a + b));
+}
+
+/* A source whose shards have holes and data at odd boundaries (holes punched
+ * into a dense tiny checkpoint) converts to exactly the output of a dense
+ * copy of itself (cp --sparse=never), with small and default read chunks;
+ * the sparse run skips the holes, the dense one reads everything. */
+#include <fcntl.h>
+
+static void punch_holes(const char *dir)
+{
+    char path[4400];
+    for (int s = 1; s <= 5; s++) {
+        snprintf(path, sizeof path, "%s/model-%05d-of-00005.safetensors", dir, s);
+        int fd = open(path, O_RDWR);
+        CHECK(fd >= 0);
+        uint8_t h[8];
+        CHECK_EQ_INT(pread(fd, h, 8, 0), 8);
+        uint64_t hdr = 8, size = (uint64_t)lseek(fd, 0, SEEK_END);
+        for (int i = 0; i < 8; i++)
+            hdr += (uint64_t)h[i] << (8 * i);
+        /* odd offsets and lengths: blocks wholly inside become holes, the
+         * partial ends are zeroed in place (data that reads as zeros) */
+        uint64_t off = hdr + 1 + (uint64_t)s * 777, k = 0;
+        while (off < size) {
+            uint64_t len = k % 5 == 4 ? 70001 : 4096 * (k % 3) + 1234 + 11 * k;
+            len = len > size - off ? size - off : len;
+            CHECK_EQ_INT(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len), 0);
+            off += len + 4096 * (k % 4) + 333;
+            k++;
+        }
+        close(fd);
+    }
+}
+
+static uint64_t json_u64(const char *js, const char *key)
+{
+    const char *p = js ? strstr(js, key) : NULL;
+    return p ? strtoull(p + strlen(key) + 3, NULL, 10) : ~0ull;
+}
+
+K3_TEST(convert_sparse_source_gives_the_output_of_its_dense_copy)
+{
+    char src[4096], dense[4096]; /* path_in's buffers are reused */
+    snprintf(src, sizeof src, "%s", path_in("src"));
+    snprintf(dense, sizeof dense, "%s", path_in("dense"));
+    synth(src, "");
+    punch_holes(src);
+    char cmd[8400];
+    snprintf(cmd, sizeof cmd, "cp -r --sparse=never %s %s", src, dense);
+    CHECK_EQ_INT(system(cmd), 0);
+    static const char *chunks[] = {"8192", NULL};
+    for (int c = 0; c < 2; c++) {
+        if (chunks[c])
+            setenv("K3_CONVERT_CHUNK", chunks[c], 1);
+        else
+            unsetenv("K3_CONVERT_CHUNK");
+        char *o1 = NULL, *o2 = NULL, *err = NULL;
+        const char *a = path_in(c ? "a1" : "a0"), *b = path_in(c ? "b1" : "b0");
+        int st = k3t_runf(&o1, &err, "k3-convert --quiet --json %s %s", src, a);
+        if (st)
+            fprintf(stderr, "%s\n", err ? err : "");
+        CHECK_EQ_INT(st, 0);
+        free(err);
+        CHECK_EQ_INT(k3t_runf(&o2, &err, "k3-convert --quiet --json %s %s", dense, b), 0);
+        free(err);
+        uint64_t skipped = json_u64(o1, "src_hole_bytes");
+        if (skipped == 0 || skipped == ~0ull)
+            fprintf(stderr, "sparse run: %s\n", o1 ? o1 : "");
+        CHECK(skipped > 0 && skipped < json_u64(o1, "bytes_read"));
+        CHECK_EQ_U64(json_u64(o2, "src_hole_bytes"), 0);
+        free(o1);
+        free(o2);
+        same_tree(a, b);
+        verify_ok(a);
+    }
+}
+
+/* k3_conv_w_write_zeros is k3_conv_w_write of a zero buffer: same file
+ * bytes, SHA-256 and region CRCs, whether the zeros land at the hash
+ * frontier or ahead of it (read back), sparse or --dense. */
+K3_TEST(convert_writer_zero_writes_equal_writes_of_zero_buffers)
+{
+    k3_conv_ext ext[4] = {{0, 5000}, {8192, 3000}, {12288, 9000}, {24576, 100}};
+    k3_conv_ext reg[2] = {{0, 12289}, {12289, 12387}};
+    uint8_t *data = calloc(1, 24676);
+    for (uint64_t j = 0; j < 5000; j++)
+        data[j] = (uint8_t)(1 + j % 251);
+    for (uint64_t j = 0; j < 100; j++)
+        data[24576 + j] = (uint8_t)(7 + j);
+    uint8_t want[32];
+    unsigned int hl;
+    EVP_Digest(data, 24676, want, &hl, EVP_sha256(), NULL);
+    for (int dense = 0; dense < 2; dense++) {
+        uint32_t crc[2] = {0, 0};
+        k3_conv_ofile of = {.size = 24676, .ext = ext, .next = 4, .regions = reg, .nregions = 2, .region_crc = crc};
+        snprintf(of.name, sizeof of.name, "z%d.bin", dense);
+        k3_conv_w w;
+        k3_err e = {0};
+        CHECK_EQ_INT(k3_conv_w_open(&w, k3t_tmpdir(), &of, dense, &e), 0);
+        /* extent 2 (zeros) ahead of the frontier, then 0, 1 (zeros, at it), 3 */
+        CHECK_EQ_INT(k3_conv_w_write_zeros(&w, 2, 0, 4000, &e), 0);
+        CHECK_EQ_INT(k3_conv_w_write_zeros(&w, 2, 4000, 5000, &e), 0);
+        CHECK_EQ_INT(k3_conv_w_write(&w, 0, 0, data, 5000, &e), 0);
+        CHECK_EQ_INT(k3_conv_w_write_zeros(&w, 1, 0, 3000, &e), 0);
+        CHECK_EQ_INT(k3_conv_w_write(&w, 3, 0, data + 24576, 100, &e), 0);
+        CHECK_EQ_U64(w.holes, dense ? 0 : 12000);
+        uint8_t sha[32];
+        CHECK_EQ_INT(k3_conv_w_finish(&w, sha, &e), 0);
+        CHECK_EQ_INT(k3_conv_w_publish(&w, &e), 0);
+        k3_conv_w_close(&w, 0);
+        CHECK(!memcmp(sha, want, 32));
+        CHECK_EQ_U64(crc[0], crc32(crc32(0, Z_NULL, 0), data, 12289));
+        CHECK_EQ_U64(crc[1], crc32(crc32(0, Z_NULL, 0), data + 12289, 12387));
+        char path[4200];
+        snprintf(path, sizeof path, "%s/z%d.bin", k3t_tmpdir(), dense);
+        char *got = NULL;
+        uint64_t len = 0;
+        CHECK_EQ_INT(k3_io_read_file(path, 1 << 20, &got, &len, &e), 0);
+        CHECK(len == 24676 && !memcmp(got, data, len));
+        free(got);
+    }
+    free(data);
+}
