@@ -91,8 +91,13 @@ void k3_gemm_bf16(const uint16_t *W, uint64_t rows, uint64_t cols,
                   const float *X, uint32_t T, float *Y);
 
 /* The same for an MXFP4 W, straight from the nibbles and scales: no
- * dequantized buffer. cols must be a multiple of 32 (not checked: the
- * caller's shapes come from a validated manifest). */
+ * dequantized copy of the matrix ever exists. At T = 1 the weights go from
+ * nibbles to registers. For T > 1 the SIMD paths decode one tile at a time
+ * (at most 8 rows x 512 columns, 16 KiB, in L1 on the stack) once per call
+ * and reuse it for all T vectors; K3_MX_BATCH=checked forces a register-only
+ * loop that decodes again for every 6 vectors (same bits, slower). cols must
+ * be a multiple of 32 (not checked: the caller's shapes come from a
+ * validated manifest). */
 void k3_gemm_mx(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
                 const float *X, uint32_t T, float *Y);
 
