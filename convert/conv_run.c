@@ -588,25 +588,17 @@ static int journal_write_group(conv *cv, uint32_t g, k3_err *e)
     }
     char *js = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    size_t jl = js ? strlen(js) : 0;
-    char *txt = js ? malloc(65 + jl) : NULL;
-    if (!txt) {
-        free(js);
-        return k3_err_set(e, K3_ENOMEM, "out of memory");
-    }
-    /* first line: the SHA-256 of the JSON after it, so that --resume never
-     * takes a value that reads back differently from what was written */
-    uint8_t sha[32];
-    unsigned int hl = 0;
-    EVP_Digest(js, jl, sha, &hl, EVP_sha256(), NULL);
-    k3_man_hex(sha, txt);
-    txt[64] = '\n';
-    memcpy(txt + 65, js, jl);
+    /* sealed with its SHA-256, so that --resume never takes a value that
+     * reads back differently from what was written */
+    size_t tl = 0;
+    char *txt = js ? k3_man_seal(js, strlen(js), &tl) : NULL;
     free(js);
+    if (!txt)
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
     snprintf(name, sizeof name, "group-%04u.json", g);
     int rc = journal_path(path, sizeof path, p->dst, name, e);
     if (rc == 0)
-        rc = k3_io_write_file_atomic(path, txt, 65 + jl, e);
+        rc = k3_io_write_file_atomic(path, txt, tl, e);
     free(txt);
     return rc;
 }
@@ -684,21 +676,14 @@ static int journal_load_group(conv *cv, uint32_t g, const char **why, k3_err *e)
     *why = "unreadable journal entry";
     if (k3_io_read_file(path, 16u << 20, &txt, &len, &ignore))
         return 0;
-    uint8_t want[32], got[32];
-    unsigned int hl = 0;
     *why = "journal entry does not match its own SHA-256";
-    int bad = len < 65 || txt[64] != '\n';
-    if (!bad) {
-        txt[64] = 0;
-        bad = k3_man_unhex(txt, want) != 0;
-        txt[64] = '\n';
-    }
-    if (bad ||
-        EVP_Digest(txt + 65, (size_t)(len - 65), got, &hl, EVP_sha256(), NULL) != 1 || memcmp(want, got, 32)) {
+    size_t body_len = 0;
+    const char *body = k3_man_unseal(txt, len, &body_len);
+    if (!body) {
         free(txt);
         return 0;
     }
-    cJSON *root = cJSON_ParseWithLength(txt + 65, (size_t)(len - 65));
+    cJSON *root = cJSON_ParseWithLength(body, body_len);
     free(txt);
     int ok = 0;
     k3_man_hex(p->fingerprint, hex);
@@ -744,6 +729,8 @@ static int journal_load_group(conv *cv, uint32_t g, const char **why, k3_err *e)
         const uint64_t V = p->cfg.vocab_size;
         char *b = NULL;
         uint64_t bl = 0;
+        uint8_t want[32], got[32];
+        unsigned int hl = 0;
         *why = "the embedding's row CRCs in the journal are missing or do not hash to the entry's SHA-256";
         if (!cJSON_IsString(h) || k3_man_unhex(h->valuestring, want) ||
             journal_path(path, sizeof path, p->dst, "embed-crc.bin", &ignore) ||

@@ -81,13 +81,21 @@ void k3_man_idx_encode(uint8_t *buf, const k3_cfg *cfg, uint64_t stride, const k
 int k3_man_idx_decode(const k3_man *m, const uint8_t *buf, uint64_t len, k3_pk_record *recs,
                       const char *path, k3_err *e);
 
-/* SHA-256 hex helpers: out has room for 65 bytes. */
 /* embed.crc: the little-endian u32 CRC32 of each embedding row, row order. */
 #define K3_MAN_EMBED_CRC_NAME "embed.crc"
 static inline uint64_t k3_man_embed_crc_size(const k3_cfg *cfg) { return 4ull * cfg->vocab_size; }
 
+/* SHA-256 hex helpers: out has room for 65 bytes. */
 void k3_man_hex(const uint8_t sha[32], char out[65]);
 int k3_man_unhex(const char *s, uint8_t sha[32]);   /* 0 or -1 */
+
+/* Sealed journal entries (k3-convert and k3-pack --resume): the lowercase
+ * hex SHA-256 of the body, a newline, then the body. k3_man_seal returns a
+ * malloc'd entry of *out_len bytes (NULL when out of memory). k3_man_unseal
+ * returns the body inside txt and its length, or NULL when the entry does
+ * not hash to its first line: such an entry is never trusted. */
+char *k3_man_seal(const char *body, size_t len, size_t *out_len);
+const char *k3_man_unseal(const char *txt, uint64_t len, size_t *body_len);
 
 /* ---- what a config expects (SPEC §2) ---------------------------------- */
 

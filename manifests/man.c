@@ -55,6 +55,36 @@ int k3_man_unhex(const char *s, uint8_t sha[32])
     return 0;
 }
 
+char *k3_man_seal(const char *body, size_t len, size_t *out_len)
+{
+    char *txt = malloc(65 + len);
+    uint8_t sha[32];
+    if (!txt || EVP_Digest(body, len, sha, NULL, EVP_sha256(), NULL) != 1) {
+        free(txt);
+        return NULL;
+    }
+    k3_man_hex(sha, txt);
+    txt[64] = '\n';
+    memcpy(txt + 65, body, len);
+    *out_len = 65 + len;
+    return txt;
+}
+
+const char *k3_man_unseal(const char *txt, uint64_t len, size_t *body_len)
+{
+    char hex[65];
+    uint8_t want[32], got[32];
+    if (len < 65 || txt[64] != '\n')
+        return NULL;
+    memcpy(hex, txt, 64);
+    hex[64] = '\0';
+    if (k3_man_unhex(hex, want) ||
+        EVP_Digest(txt + 65, (size_t)(len - 65), got, NULL, EVP_sha256(), NULL) != 1 || memcmp(want, got, 32))
+        return NULL;
+    *body_len = (size_t)(len - 65);
+    return txt + 65;
+}
+
 static uint64_t align_up(uint64_t v, uint64_t a)
 {
     return (v + a - 1) / a * a;

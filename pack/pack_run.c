@@ -109,8 +109,6 @@ static int exists(const char *path)
     return lstat(path, &st) == 0;
 }
 
-static void hexs(const uint8_t sha[32], char out[65]) { k3_man_hex(sha, out); }
-
 /* ------------------------------------------------------------ journal */
 
 static int journal_path(char *out, size_t cap, const char *tmp, const char *name)
@@ -125,7 +123,7 @@ static int journal_write(const char *tmp, const k3_pack_plan *p, const k3_pack_o
     const k3_pk_file *f = &p->man.files[out->file];
     cJSON *o = cJSON_CreateObject();
     char hex[65], path[4400];
-    hexs(f->sha256, hex);
+    k3_man_hex(f->sha256, hex);
     cJSON_AddStringToObject(o, "name", f->name);
     cJSON_AddNumberToObject(o, "size", (double)f->size);
     cJSON_AddStringToObject(o, "sha256", hex);
@@ -136,23 +134,15 @@ static int journal_write(const char *tmp, const k3_pack_plan *p, const k3_pack_o
     }
     char *js = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    size_t jl = js ? strlen(js) : 0;
-    char *txt = js ? malloc(65 + jl) : NULL;
-    if (!txt) {
-        free(js);
-        return k3_err_set(e, K3_ENOMEM, "out of memory");
-    }
-    /* first line: the SHA-256 of the JSON after it, so that --resume never
-     * takes a value that reads back differently from what was written */
-    uint8_t sha[32];
-    unsigned int hl = 0;
-    EVP_Digest(js, jl, sha, &hl, EVP_sha256(), NULL);
-    hexs(sha, txt);
-    txt[64] = '\n';
-    memcpy(txt + 65, js, jl);
+    /* sealed with its SHA-256, so that --resume never takes a value that
+     * reads back differently from what was written */
+    size_t tl = 0;
+    char *txt = js ? k3_man_seal(js, strlen(js), &tl) : NULL;
     free(js);
+    if (!txt)
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
     int rc = journal_path(path, sizeof path, tmp, f->name) ? k3_err_set(e, K3_ELIMIT, "%s: path too long", tmp)
-                                                            : k3_io_write_file_atomic(path, txt, 65 + jl, e);
+                                                            : k3_io_write_file_atomic(path, txt, tl, e);
     free(txt);
     return rc;
 }
@@ -169,19 +159,13 @@ static int journal_take(const char *tmp, k3_pack_plan *p, const k3_pack_out *out
     if (journal_path(path, sizeof path, tmp, f->name) || k3_io_read_file(path, 1u << 30, &txt, &len, &je))
         return 0;
     /* an entry that does not hash to its first line is not trusted: redo */
-    uint8_t want[32], got[32];
-    unsigned int hl = 0;
-    int bad = len < 65 || txt[64] != '\n';
-    if (!bad) {
-        txt[64] = 0;
-        bad = k3_man_unhex(txt, want) != 0;
-        txt[64] = '\n';
-    }
-    if (bad || EVP_Digest(txt + 65, (size_t)(len - 65), got, &hl, EVP_sha256(), NULL) != 1 || memcmp(want, got, 32)) {
+    size_t bl = 0;
+    const char *body = k3_man_unseal(txt, len, &bl);
+    if (!body) {
         free(txt);
         return 0;
     }
-    cJSON *o = cJSON_ParseWithLength(txt + 65, (size_t)(len - 65));
+    cJSON *o = cJSON_ParseWithLength(body, bl);
     free(txt);
     int ok = 0;
     struct stat st;
@@ -516,8 +500,8 @@ static int place_file(const char *from, const char *to, uint64_t size, const uin
         unsigned int hl = 0;
         if (!rc && (EVP_DigestFinal_ex(md, got, &hl) != 1 || memcmp(got, want, 32))) {
             char w[65], g[65];
-            hexs(want, w);
-            hexs(got, g);
+            k3_man_hex(want, w);
+            k3_man_hex(got, g);
             rc = k3_err_set(e, K3_ECORRUPT, "%s: the bytes copied hash to %s, the source manifest says %s", from, g,
                             w);
         }
@@ -577,7 +561,7 @@ static int journal_plan_cmp(const char *tmp, const k3_pack_plan *p)
         return -1;
     if (k3_io_read_file(path, 4096, &txt, &len, &je))
         return 1;
-    hexs(p->fingerprint, hex);
+    k3_man_hex(p->fingerprint, hex);
     int same = len >= 64 && !memcmp(txt, hex, 64);
     free(txt);
     return same ? 0 : 1;
@@ -745,7 +729,7 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
         if (mkdir(jdir, 0755) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", jdir);
         char hex[65];
-        hexs(p->fingerprint, hex);
+        k3_man_hex(p->fingerprint, hex);
         snprintf(path, sizeof path, "%s/plan", jdir);
         if ((rc = k3_io_write_file_atomic(path, hex, 64, e)) || (rc = k3_io_fsync_dir(tmp, e)))
             return rc;
