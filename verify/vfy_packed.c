@@ -82,30 +82,47 @@ static void check_listing(k3_vfy *v, pstate *s)
     free(seen);
 }
 
+/* Read a small file the manifest names (whole, into *buf) and check its
+ * size and SHA-256; problems are reported and give -1. what names the file's
+ * role in the mismatch message; count: add it to the files and bytes hashed
+ * once read. */
+static int read_named(k3_vfy *v, const pstate *s, uint32_t fi, const char *what, int count, char path[4400],
+                      char **buf, uint64_t *len)
+{
+    const k3_pk_file *f = &s->m.files[fi];
+    if (!s->size_ok[fi])
+        return -1;
+    snprintf(path, 4400, "%s/%s", v->dir, f->name);
+    k3_err e = {0};
+    if (k3_io_read_file(path, 1ull << 32, buf, len, &e)) {
+        k3_vfy_problem(v, f->name, "%s", e.msg);
+        return -1;
+    }
+    uint8_t sha[32];
+    unsigned int hl = 0;
+    EVP_Digest(*buf, (size_t)*len, sha, &hl, EVP_sha256(), NULL);
+    if (count) {
+        v->files++;
+        v->bytes_hashed += *len;
+    }
+    if (*len != f->size || memcmp(sha, f->sha256, 32)) {
+        k3_vfy_problem(v, f->name, "SHA-256 mismatch: %s is not the one the manifest names", what);
+        free(*buf);
+        return -1;
+    }
+    return 0;
+}
+
 static void check_index(k3_vfy *v, pstate *s)
 {
     if (!s->m.has_experts)
         return;
     const k3_pk_file *f = &s->m.files[s->m.expert_index_file];
-    if (!s->size_ok[s->m.expert_index_file])
-        return;
-    char path[4400];
-    snprintf(path, sizeof path, "%s/%s", v->dir, f->name);
-    char *buf;
+    char path[4400], *buf;
     uint64_t len;
+    if (read_named(v, s, s->m.expert_index_file, "the record table", 0, path, &buf, &len))
+        return;
     k3_err e = {0};
-    if (k3_io_read_file(path, 1ull << 32, &buf, &len, &e)) {
-        k3_vfy_problem(v, f->name, "%s", e.msg);
-        return;
-    }
-    uint8_t sha[32];
-    unsigned int hl = 0;
-    EVP_Digest(buf, (size_t)len, sha, &hl, EVP_sha256(), NULL);
-    if (memcmp(sha, f->sha256, 32)) {
-        k3_vfy_problem(v, f->name, "SHA-256 mismatch: the record table is not the one the manifest names");
-        free(buf);
-        return;
-    }
     uint64_t n = (uint64_t)k3_man_moe_layers(&s->m.cfg) * s->m.cfg.num_experts;
     s->recs = calloc(n ? n : 1, sizeof *s->recs);
     if (!s->recs || k3_man_idx_decode(&s->m, (const uint8_t *)buf, len, s->recs, path, &e)) {
@@ -121,27 +138,10 @@ static void check_index(k3_vfy *v, pstate *s)
 static void check_embed_crc(k3_vfy *v, pstate *s)
 {
     const k3_pk_file *f = &s->m.files[s->m.embed_crc_file];
-    if (!s->size_ok[s->m.embed_crc_file])
-        return;
-    char path[4400];
-    snprintf(path, sizeof path, "%s/%s", v->dir, f->name);
-    char *buf;
+    char path[4400], *buf;
     uint64_t len;
-    k3_err e = {0};
-    if (k3_io_read_file(path, 1ull << 32, &buf, &len, &e)) {
-        k3_vfy_problem(v, f->name, "%s", e.msg);
+    if (read_named(v, s, s->m.embed_crc_file, "the embedding's row CRC table", 1, path, &buf, &len))
         return;
-    }
-    uint8_t sha[32];
-    unsigned int hl = 0;
-    EVP_Digest(buf, (size_t)len, sha, &hl, EVP_sha256(), NULL);
-    v->files++;
-    v->bytes_hashed += len;
-    if (len != f->size || memcmp(sha, f->sha256, 32)) {
-        k3_vfy_problem(v, f->name, "SHA-256 mismatch: the embedding's row CRC table is not the one the manifest names");
-        free(buf);
-        return;
-    }
     s->row_crc = malloc(len / 4 * sizeof *s->row_crc + 1);
     if (!s->row_crc)
         k3_vfy_problem(v, f->name, "not checked: out of memory");
