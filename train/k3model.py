@@ -1,7 +1,8 @@
 """The Kimi K3 forward pass in PyTorch, for training a small model and for its
 float64 reference numbers.
 
-Written from the model description (docs of the architecture): KDA (gated delta
+Written from the model description (docs/MODEL.md §1, not from the C code nor from
+tests/ref): KDA (gated delta
 rule with per-channel decay), gated MLA without rotation, attention residuals
 over block snapshots, LatentMoE with a sigmoid router whose correction bias is
 used for selection only, SiTU-GLU. Parameters live in a dict keyed by their
