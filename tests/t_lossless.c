@@ -106,3 +106,116 @@ K3_TEST(lossless_trunk_dtype_bf16_is_recorded_as_lossy)
     }
     k3_st_close(st);
 }
+
+/* ---- the matrix: every trunk-dtype mode x {flat, nested} x {MXFP4, BF16
+ * experts}: the upstream directory and its packed model give bit-identical
+ * logits at every prompt position and the same 32 greedy tokens; so do the
+ * packed model streamed at its floor, and a k3-pack --ram floor layout of it
+ * at its recorded budget. */
+
+#define MATRIX_IDS "1,5,9,100,200,300,17,42,7,7,7,8,450,3,2,1,99,98,97,500,501"
+
+static void matrix_case(const char *mode, const char *form, const char *experts)
+{
+    char d[4200], cmd[32768];
+    snprintf(d, sizeof d, "%s/%s-%s-%s", k3t_tmpdir(), mode, form, experts);
+    /* the nested (multimodal) form also carries a vision tower, which the
+     * converter leaves out */
+    snprintf(cmd, sizeof cmd,
+             "set -e; D=%s; mkdir -p $D; "
+             "k3-synth $D/up --preset tiny --trunk-dtype %s --config-form %s --experts %s %s --no-tokenizer --quiet; "
+             "k3-convert --quiet $D/up $D/pk; "
+             "k3-pack $D/pk $D/pf --ram floor --quiet; "
+             "R='--ids " MATRIX_IDS " --gen 32 --threads 2'; "
+             "k3-run $D/up $R --logits-all $D/up.la > $D/up.ids; "
+             "k3-run $D/pk $R --logits-all $D/pk.la > $D/pk.ids; "
+             "k3-run $D/pk $R --ram floor --logits-all $D/pkf.la > $D/pkf.ids 2>/dev/null; "
+             "k3-run $D/pf $R --logits-all $D/pf.la > $D/pf.ids 2>/dev/null; "
+             "for x in pk pkf pf; do "
+             "  cmp $D/up.la $D/$x.la >&2 || { echo \"$x: logits differ from upstream\" >&2; exit 11; }; "
+             "  cmp $D/up.ids $D/$x.ids >&2 || { echo \"$x: tokens differ from upstream\" >&2; exit 12; }; "
+             "done; "
+             "test $(tr ',' '\\n' < $D/up.ids | grep -c .) -eq 32 || { echo 'not 32 tokens' >&2; exit 13; }; "
+             "test $(stat -c %%s $D/up.la) -eq $((21 * 4 * $(grep -o '\"vocab_size\":[[:space:]]*[0-9]*' $D/up/config.json | "
+             "grep -o '[0-9]*$'))) || { echo 'logits-all size' >&2; exit 14; }",
+             d, mode, form, experts, strcmp(form, "nested") ? "" : "--vision");
+    char *err = NULL;
+    int rc = k3t_run(cmd, NULL, &err);
+    if (rc != 0)
+        k3t_fail(__FILE__, __LINE__, "%s %s %s experts: exit %d: %s", mode, form, experts, rc, err ? err : "");
+    free(err);
+}
+
+static void matrix_mode(const char *mode)
+{
+    static const char *const forms[] = {"flat", "nested"}, *const experts[] = {"mxfp4", "bf16"};
+    for (int f = 0; f < 2; f++)
+        for (int x = 0; x < 2; x++)
+            matrix_case(mode, forms[f], experts[x]);
+}
+
+K3_TEST(lossless_bf16_trunk_upstream_packed_floor_bit_identical) { matrix_mode("bf16"); }
+K3_TEST(lossless_real_trunk_upstream_packed_floor_bit_identical) { matrix_mode("real"); }
+K3_TEST(lossless_f32_trunk_upstream_packed_floor_bit_identical) { matrix_mode("f32"); }
+K3_TEST(lossless_f16_trunk_upstream_packed_floor_bit_identical) { matrix_mode("f16"); }
+K3_TEST(lossless_mixed_trunk_upstream_packed_floor_bit_identical) { matrix_mode("mixed"); }
+
+/* What each k3-synth trunk mode writes: real puts the routers, conv taps
+ * and AttnRes projections ([1][E]) in F32 and leaves the other matrices
+ * BF16; f32 and f16 everything; mixed all three dtypes among matrices and
+ * among vectors (the tiny default); the experts are never affected. */
+K3_TEST(lossless_synth_trunk_modes_write_the_dtypes_they_promise)
+{
+    static const char *const modes[] = {"real", "f32", "f16", "mixed", "tiny-default"};
+    for (int mi = 0; mi < 5; mi++) {
+        char dir[4200], cmd[8800];
+        snprintf(dir, sizeof dir, "%s/%s", k3t_tmpdir(), modes[mi]);
+        snprintf(cmd, sizeof cmd, "k3-synth %s --preset tiny --quiet --no-tokenizer %s%s", dir,
+                 mi < 4 ? "--trunk-dtype " : "", mi < 4 ? modes[mi] : "");
+        run_ok(modes[mi], cmd);
+        k3_st *st = NULL;
+        k3_err e = {0};
+        CHECK_EQ_INT(k3_st_open(&st, dir, 0, &e), 0);
+        if (!st)
+            return;
+        uint32_t mat[3] = {0}, vec[3] = {0}, router_f32 = 0, routers = 0, taps_f32 = 0, res1 = 0, other_f32 = 0;
+        for (uint64_t i = 0; i < k3_st_tensor_count(st); i++) {
+            const k3_st_tensor *t = k3_st_tensor_at(st, i);
+            if (strstr(t->name, ".experts.")) {
+                CHECK(t->dtype == K3_DT_U8);
+                continue;
+            }
+            int d = t->dtype == K3_DT_BF16 ? 0 : t->dtype == K3_DT_F16 ? 1 : t->dtype == K3_DT_F32 ? 2 : -1;
+            CHECK(d >= 0);
+            if (d < 0)
+                continue;
+            int is_router = strstr(t->name, "block_sparse_moe.gate.weight") != NULL;
+            int is_tap = strstr(t->name, "_conv1d.weight") != NULL;
+            int is_res = strstr(t->name, "_res_proj.weight") != NULL;
+            routers += is_router;
+            router_f32 += is_router && d == 2;
+            taps_f32 += is_tap && d == 2;
+            res1 += is_res && t->ndim == 2 && t->shape[0] == 1;
+            int matrix = t->ndim >= 2 && !is_res;
+            (matrix ? mat : vec)[d]++;
+            if (matrix && d == 2 && !is_router && !is_tap)
+                other_f32++;
+        }
+        CHECK(routers > 0);
+        switch (mi) {
+        case 0:
+            CHECK_EQ_INT(router_f32, routers);
+            CHECK(taps_f32 > 0 && res1 > 0);
+            CHECK_EQ_INT(other_f32, 0);
+            CHECK(mat[0] > 0 && mat[1] == 0);
+            break;
+        case 1: CHECK(mat[0] == 0 && mat[1] == 0 && vec[0] == 0 && vec[1] == 0); break;
+        case 2: CHECK(mat[0] == 0 && mat[2] == 0 && vec[0] == 0 && vec[2] == 0); break;
+        default:
+            for (int k = 0; k < 3; k++)
+                CHECK(mat[k] > 0 && vec[k] > 0);
+            CHECK(router_f32 > 0 && res1 > 0);
+        }
+        k3_st_close(st);
+    }
+}
