@@ -16,7 +16,7 @@
  * run at the router shape (896 x 7168, F32 in such checkpoints) and at a
  * KDA projection shape, next to bf16 at the same shapes.
  *
- *   bench-bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx|f32|f16] [--version]
+ *   bench-bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx|f32|f16] [--shape RxC] [--version]
  */
 #include "k3_io.h"
 #include "k3_kern.h"
@@ -203,7 +203,7 @@ static void call(const struct shape *s, const uint8_t *w, uint64_t rows, const f
 int main(int argc, char **argv)
 {
     uint64_t runs = 7, pool_mib = 1024;
-    const char *only = NULL;
+    const char *only = NULL, *only_shape = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--version")) {
             printf("bench_kernels (kernels: %s)\n", k3_kern_name());
@@ -220,8 +220,10 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
             only = argv[++i];
+        } else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+            only_shape = argv[++i];
         } else {
-            fprintf(stderr, "usage: bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx|f32|f16] [--version]\n");
+            fprintf(stderr, "usage: bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx|f32|f16] [--shape RxC] [--version]\n");
             return 2;
         }
     }
@@ -258,6 +260,10 @@ int main(int argc, char **argv)
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const struct shape *s = &shapes[si];
         if (only && strcmp(only, kind_opt[s->mx]))
+            continue;
+        char sname[48];
+        snprintf(sname, sizeof sname, "%llux%llu", (unsigned long long)s->rows, (unsigned long long)s->cols);
+        if (only_shape && strcmp(only_shape, sname))
             continue;
         uint64_t bytes = weight_bytes(s, s->rows);
         uint64_t stride = (bytes + 4095) / 4096 * 4096;
@@ -361,6 +367,10 @@ int main(int argc, char **argv)
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const struct shape *s = &shapes[si];
         if (only && strcmp(only, kind_opt[s->mx]))
+            continue;
+        char sname[48];
+        snprintf(sname, sizeof sname, "%llux%llu", (unsigned long long)s->rows, (unsigned long long)s->cols);
+        if (only_shape && strcmp(only_shape, sname))
             continue;
         for (int th = 1; th <= 2; th++) {
             double wb = (double)weight_bytes(s, s->rows);
