@@ -38,7 +38,7 @@
 
 #define K3_CHAT_LINE_MAX  (16u << 20)   /* bytes per history line, newline excluded */
 #define K3_CHAT_MAX_MSGS  (1u << 20)    /* messages per conversation */
-#define K3_CHAT_FILE_MAX  (1ull << 30)  /* bytes per history file */
+#define K3_CHAT_FILE_MAX  (256ull << 20) /* bytes per history file */
 
 typedef enum k3_chat_role { K3_CHAT_SYSTEM = 0, K3_CHAT_USER = 1, K3_CHAT_ASSISTANT = 2 } k3_chat_role;
 typedef enum k3_chat_effort { K3_CHAT_LOW = 0, K3_CHAT_HIGH = 1, K3_CHAT_MAX = 2 } k3_chat_effort;

@@ -144,7 +144,10 @@ static int backend_open(backend *b, const chat_args *a, k3_err *e)
         so.max_chunk = (uint32_t)a->chunk;
         so.max_ctx = (uint32_t)a->ctx;
         so.nthreads = (uint32_t)omp_get_max_threads();
-        so.extra_bytes = 2 * 4ull * b->ws->cfg.vocab_size;
+        /* the logits, and the copy of the sequence kept at the end of each prompt */
+        uint64_t scratch, kv, state;
+        k3_stream_model_mem(&b->ws->cfg, so.max_chunk, so.max_ctx, so.nthreads, &scratch, &kv, &state);
+        so.extra_bytes = 4 * 4ull * b->ws->cfg.vocab_size + kv + state;
         if ((rc = k3_ws_stream_plan(b->ws, &so, &plan, e)) < 0)
             return rc;
         k3_stream_plan_print(&plan, stderr, "k3-run: ");

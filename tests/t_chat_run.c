@@ -223,3 +223,17 @@ K3_TEST(chat_errors_are_one_line_with_their_exit_status)
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "printf '{\"role\":\"user\",\"content\":\"a\"}\\n' | cmp - %s/GOOD", tmp), 0);
     free(err);
 }
+
+K3_TEST(chat_streamed_at_the_floor_answers_as_resident)
+{
+    const char *ck = tiny(), *tmp = k3t_tmpdir();
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-convert %s %s/pk", ck, tmp), 0);
+    char *err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "printf 'Hello!\\nAgain.\\n/save %s/R\\n' | k3-run %s --chat --gen 16", tmp,
+                          ck), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "printf 'Hello!\\nAgain.\\n/save %s/F\\n' | k3-run %s/pk --chat --gen 16 "
+                                      "--ram floor", tmp, tmp), 0);
+    CHECK_STR_CONTAINS(err, "plan");
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "cmp %s/R %s/F", tmp, tmp), 0);
+    free(err);
+}
