@@ -63,3 +63,20 @@ K3_TEST_TIMEOUT(trained_gate_rejects_swapped_nibbles, 300)
     free(out);
     free(err);
 }
+
+/* The packed model keeps the trunk as stored (F32 stays F32), so k3-run on it
+ * passes the same gate, at the layout k3-pack makes for the RAM floor. */
+K3_TEST_TIMEOUT(trained_gate_packed_model_at_the_floor, 400)
+{
+    const char *dir = k3t_tmpdir();
+    char *out = NULL, *err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-convert %s %s/packed --quiet", model_dir(), dir), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack %s/packed %s/floor --ram floor --quiet", dir, dir), 0);
+    int rc = k3t_runf(&out, &err, "/usr/bin/python3 %s/tests/ref/trained_gate.py %s --k3-run %s/k3-run --run-model %s/floor",
+                      k3t_root(), model_dir(), k3t_bindir(), dir);
+    fprintf(stderr, "%s", out ? out : "");
+    CHECK_EQ_INT(rc, 0);
+    CHECK_STR_CONTAINS(out, "trained gate: pass");
+    free(out);
+    free(err);
+}
