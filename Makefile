@@ -2,7 +2,7 @@
 #
 #   make          build libk3.a and the tools into bin/
 #   make test     the whole suite; ends "N passed, N failed"
-#   make demo     build, then run the main job end to end on a tiny model
+#   make demo     build, then run the main job end to end on the small trained model (models/kjv-tiny)
 #   make asan     the suite under AddressSanitizer + UBSan (build-asan/)
 #   make bench    benchmarks (never part of make test)
 #   make install  PREFIX=/usr/local
