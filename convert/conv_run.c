@@ -30,6 +30,7 @@
 
 #include "conv_out.h"
 #include "k3_crc.h"
+#include "k3_dest.h"
 #include "k3_io.h"
 #include "k3_kern.h"
 #include "k3_progress.h"
@@ -905,19 +906,8 @@ fail:
 
 /* ---- DST preparation and the final files ------------------------------------- */
 
-static int is_ours(const char *n)
-{
-    size_t l = strlen(n);
-    if (!strcmp(n, "manifest.json") || !strcmp(n, "experts.idx") || !strcmp(n, "tiktoken.model") ||
-        !strcmp(n, "tokenizer_config.json") || !strcmp(n, K3_MAN_EMBED_CRC_NAME))
-        return 1;
-    if (l > 4 && !strcmp(n + l - 4, ".tmp"))
-        return 1;
-    if ((!strncmp(n, "trunk-", 6) && l > 4 && !strcmp(n + l - 4, ".k3t")) ||
-        (!strncmp(n, "experts-", 8) && l > 4 && !strcmp(n + l - 4, ".k3e")))
-        return 1;
-    return 0;
-}
+/* k3-convert's destination: a packed model, written in place */
+static const k3_dest_tool conv_tool = {"k3-convert", K3_DEST_PACKED, NULL};
 
 static int remove_journal(const char *dst, k3_err *e)
 {
@@ -943,40 +933,30 @@ static int remove_journal(const char *dst, k3_err *e)
 
 /* Make DST ready. Returns 1 if DST already holds the finished conversion
  * (resume after the manifest was published), 0 to go on. */
-static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_err *e)
+static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_dest_state state, k3_err *e)
 {
     const char *dst = p->dst;
-    struct stat st;
     char path[4400], hex[65];
     k3_man_hex(p->fingerprint, hex);
-    if (stat(dst, &st) != 0) {
-        if (errno != ENOENT)
-            return k3_err_sys(e, K3_EIO, errno, "%s: cannot stat", dst);
+    if (state == K3_DEST_ABSENT) {
         if (mkdir(dst, 0755) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot create directory", dst);
-    } else if (!S_ISDIR(st.st_mode)) {
-        return k3_err_set(e, K3_EEXIST, "%s: exists and is not a directory", dst);
-    } else {
-        DIR *d = opendir(dst);
-        if (!d)
-            return k3_err_sys(e, K3_EIO, errno, "%s: cannot open", dst);
-        int nonempty = 0, has_journal = 0, has_manifest = 0;
-        struct dirent *de;
-        while ((de = readdir(d))) {
-            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-                continue;
-            nonempty = 1;
-            has_journal |= !strcmp(de->d_name, JOURNAL);
-            has_manifest |= !strcmp(de->d_name, "manifest.json");
-        }
-        closedir(d);
+    } else if (state == K3_DEST_OURS) {
+        /* a packed model or an interrupted conversion (k3_dest_open checked
+         * that it holds nothing else) */
+        char jd[4096], mp[4200];
+        int rc = k3_io_path_join(jd, sizeof jd, dst, JOURNAL, e);
+        if (rc == 0)
+            rc = k3_io_path_join(mp, sizeof mp, dst, "manifest.json", e);
+        if (rc)
+            return rc;
+        int has_journal = access(jd, F_OK) == 0, has_manifest = access(mp, F_OK) == 0;
         if (o->resume && has_journal) {
             char *txt;
             uint64_t len;
-            int rc = journal_path(path, sizeof path, dst, "plan.json", e);
+            rc = journal_path(path, sizeof path, dst, "plan.json", e);
             if (rc == 0 && access(path, F_OK) != 0) {
                 /* killed before the plan was written: nothing finished yet */
-                has_journal = 0;
                 goto fresh;
             }
             if (rc == 0 && (rc = k3_io_read_file(path, 1u << 20, &txt, &len, e)) == 0) {
@@ -998,25 +978,13 @@ static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_err *e)
         if (o->resume && has_manifest)
             return 1;
     fresh:
-        if (nonempty && !o->force && !o->resume)
+        if (!o->force && !o->resume)
             return k3_err_set(e, K3_EEXIST, "%s: exists and is not empty (--force to replace, --resume to "
                               "continue an interrupted conversion)", dst);
-        if (nonempty) {
-            /* the manifest goes first, so the directory never looks complete */
-            if (k3_io_path_join(path, sizeof path, dst, "manifest.json", e) == 0)
-                unlink(path);
-            int rc = remove_journal(dst, e);
-            if (rc)
-                return rc;
-            d = opendir(dst);
-            while (d && (de = readdir(d)))
-                if (is_ours(de->d_name)) {
-                    snprintf(path, sizeof path, "%s/%s", dst, de->d_name);
-                    unlink(path);
-                }
-            if (d)
-                closedir(d);
-        }
+        /* only what k3_dest_clear recognises as a packed model's goes,
+         * manifest.json first so the directory never looks complete */
+        if ((rc = k3_dest_clear(&conv_tool, dst, 0, 0, e)))
+            return rc;
     }
     char jd[4096];
     int rc = k3_io_path_join(jd, sizeof jd, dst, JOURNAL, e);
@@ -1188,10 +1156,16 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
     k3_kern_init();
     if (o->threads > 0)
         omp_set_num_threads(o->threads);
-    k3_conv_plan plan;
-    int rc = k3_conv_plan_build(&plan, src, dst, e);
+    /* DST checked against SRC, owned and locked before anything is read or made */
+    k3_dest dest;
+    int rc = k3_dest_open(&dest, &conv_tool, src, dst, e);
     if (rc)
         return rc;
+    k3_conv_plan plan;
+    if ((rc = k3_conv_plan_build(&plan, src, dest.path, e))) {
+        k3_dest_close(&dest);
+        return rc;
+    }
     conv cv = {.p = &plan, .o = o, .s = s};
     reader rd = {.p = &plan};
     pthread_mutex_init(&rd.mu, NULL);
@@ -1217,7 +1191,7 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
         rc = k3_err_set(e, K3_ENOMEM, "out of memory");
         goto out;
     }
-    rc = prepare_dst(&plan, o, e);
+    rc = prepare_dst(&plan, o, dest.state, e);
     if (rc == 1) {
         rc = 0;
         goto out;
@@ -1280,6 +1254,7 @@ out:
     free(cv.erow);
     free(cv.shard_sha);
     k3_conv_plan_free(&plan);
+    k3_dest_close(&dest);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     s->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     struct rusage ru;

@@ -33,7 +33,8 @@ static void usage(FILE *f)
             "                files' sizes are checked), the rest is redone; the result is\n"
             "                byte-identical to an uninterrupted run\n"
             "  --rehash      with --resume, also re-hash the kept files\n"
-            "  --force       replace a non-empty DST (removes manifest.json first)\n"
+            "  --force       replace DST if it is a packed model holding nothing else\n"
+            "                (removes manifest.json first; see README, Destinations)\n"
             "  --dense       write zero blocks instead of leaving holes\n"
             "  --threads N   quantization threads (1..1024; default: OpenMP's choice);\n"
             "                the output does not depend on N\n"
@@ -47,7 +48,7 @@ static void usage(FILE *f)
             "float expert sources staged one tensor at a time (at most 256 MiB each).\n"
             "\n"
             "Exit status: 0 done, 2 usage, 3 bad input format, 4 I/O error, 6 over a limit,\n"
-            "7 DST exists, 8 disk full, 9 internal error, 130 interrupted (run again with\n"
+            "7 DST exists, is not k3-convert's to replace or is in use, 8 disk full, 9 internal error, 130 interrupted (run again with\n"
             "--resume).\n",
             K3_CONV_MAX_OPEN_RECORDS);
 }

@@ -52,14 +52,16 @@ static void usage(FILE *f)
             "  --copy              copy unchanged files instead of linking them\n"
             "  --dense             write the trunk's zero blocks instead of leaving holes\n"
             "  --resume            continue an interrupted repack of DST\n"
-            "  --force             replace DST, or an interrupted repack's temporary\n"
+            "  --force             replace DST if it is a packed model holding nothing else,\n"
+            "                      or an interrupted repack's temporary (README, Destinations)\n"
             "  --json              print a JSON summary on stdout\n"
             "  --quiet             no progress on stderr\n"
             "  --version           the version and the kernel and CRC paths in use\n"
             "  -h, --help          this help\n"
             "\n"
             "Exit status: 0 done, 2 usage, 3 bad input format, 4 I/O error, 5 corrupt\n"
-            "source, 6 budget below the reachable floor, 7 DST exists, 8 disk full,\n"
+            "source, 6 budget below the reachable floor, 7 DST exists, is not k3-pack's to\n"
+            "replace or is in use, 8 disk full,\n"
             "9 internal error, 130 interrupted (run again with --resume).\n");
 }
 
@@ -84,6 +86,7 @@ int main(int argc, char **argv)
     int npos = 0;
     char msg[512];
     k3_err e = {0};
+    k3_dest dest = {.lock_fd = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -198,8 +201,12 @@ int main(int argc, char **argv)
         if ((rc = k3_pack_parse_pin(pin_arg, ng, &o, &e)))
             goto fail;
     }
+    /* DST checked against SRC, owned and locked before the plan (whose
+     * stand-in lives next to DST) touches anything */
+    if (!plan_only && (rc = k3_dest_open(&dest, &k3_pack_dest_tool, pos[0], pos[1], &e)))
+        goto fail;
     k3_pack_plan p;
-    rc = k3_pack_plan_build(&p, pos[0], plan_only ? NULL : pos[1], &o, &e);
+    rc = k3_pack_plan_build(&p, pos[0], plan_only ? NULL : dest.path, &o, &e);
     if (rc) {
         k3_pack_plan_free(&p); /* a failed build leaves what it had made */
         goto fail;
@@ -216,7 +223,7 @@ int main(int argc, char **argv)
         goto fail;
     }
     if (!plan_only) {
-        rc = k3_pack_run(&p, &o, &s, &e);
+        rc = k3_pack_run(&p, &dest, &o, &s, &e);
         if (rc) {
             k3_pack_plan_free(&p);
             goto fail;
@@ -242,8 +249,10 @@ int main(int argc, char **argv)
                 s.bytes_copied);
     }
     k3_pack_plan_free(&p);
+    k3_dest_close(&dest);
     return 0;
 fail:
+    k3_dest_close(&dest);
     fprintf(stderr, "k3-pack: error: %s\n", e.msg[0] ? e.msg : k3_err_name(rc));
     return k3_err_exit_status(rc);
 }

@@ -73,33 +73,38 @@ static void crash_point(const char *stage, uint32_t n)
 
 /* ------------------------------------------------------------ helpers */
 
-/* Remove a flat directory we own (regular files, and the journal directory
- * one level down). */
-static int remove_tree(const char *dir, int depth, k3_err *e)
+static const char *const pack_siblings[] = {K3_PACK_TMP_SUFFIX, K3_PACK_OLD_SUFFIX, NULL};
+const k3_dest_tool k3_pack_dest_tool = {"k3-pack", K3_DEST_PACKED, pack_siblings};
+
+/* Remove a directory of ours (the temporary, the old DST, a stand-in,
+ * the journal) after checking that it holds only a packed model's files. */
+static int remove_tree(const char *dir, k3_err *e)
 {
-    DIR *d = opendir(dir);
+    return k3_dest_clear(&k3_pack_dest_tool, dir, 1, 1, e);
+}
+
+/* Remove the journal directory: its entries are regular files of ours. */
+static int remove_journal(const char *jdir, k3_err *e)
+{
+    DIR *d = opendir(jdir);
     if (!d)
-        return errno == ENOENT ? 0 : k3_err_sys(e, K3_EIO, errno, "%s: cannot open", dir);
+        return errno == ENOENT ? 0 : k3_err_sys(e, K3_EIO, errno, "%s: cannot open", jdir);
     struct dirent *de;
     char path[4400];
     int rc = 0;
     while (!rc && (de = readdir(d))) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
         struct stat st;
-        if (lstat(path, &st) != 0)
-            rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot stat", path);
-        else if (S_ISDIR(st.st_mode) && depth > 0)
-            rc = remove_tree(path, depth - 1, e);
-        else if (S_ISDIR(st.st_mode))
-            rc = k3_err_set(e, K3_EIO, "%s: unexpected directory: not removing", path);
+        snprintf(path, sizeof path, "%s/%s", jdir, de->d_name);
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
+            rc = k3_err_set(e, K3_EEXIST, "%s: not a journal entry of k3-pack; not removing it", path);
         else if (unlink(path) != 0)
             rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", path);
     }
     closedir(d);
-    if (!rc && rmdir(dir) != 0)
-        rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", dir);
+    if (!rc && rmdir(jdir) != 0)
+        rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", jdir);
     return rc;
 }
 
@@ -598,20 +603,6 @@ static int same_plan_manifest(k3_pack_plan *p, const char *mp, k3_err *e)
                              mp);
 }
 
-/* Hold an exclusive lock on the temporary directory for the whole run, so
- * that two k3-pack processes never work on the same DST at once. */
-static int lock_dir(const char *dir, int *fd, k3_err *e)
-{
-    if (*fd >= 0)
-        return 0;
-    *fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (*fd < 0)
-        return k3_err_sys(e, K3_EIO, errno, "%s: cannot open", dir);
-    if (flock(*fd, LOCK_EX | LOCK_NB) != 0)
-        return k3_err_set(e, K3_EEXIST, "%s: another k3-pack is writing it", dir);
-    return 0;
-}
-
 /* Remove the stand-ins ("DST.k3-pack-probe.XXXXXX") a kill during planning
  * left next to DST. */
 static int remove_stale_probes(const char *dst, k3_err *e)
@@ -641,13 +632,13 @@ static int remove_stale_probes(const char *dst, k3_err *e)
     while (!rc && (de = readdir(d)))
         if (!strncmp(de->d_name, prefix, lp) && strlen(de->d_name) == lp + 6) {
             snprintf(path, sizeof path, "%s/%s", parent, de->d_name);
-            rc = remove_tree(path, 0, e);
+            rc = remove_tree(path, e);
         }
     closedir(d);
     return rc;
 }
 
-static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lockfd, k3_err *e)
+static int run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e)
 {
     memset(s, 0, sizeof *s);
     double t0 = now_s();
@@ -656,34 +647,15 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
     if (snprintf(tmp, sizeof tmp, "%s" K3_PACK_TMP_SUFFIX, dst) >= (int)sizeof tmp ||
         snprintf(old, sizeof old, "%s" K3_PACK_OLD_SUFFIX, dst) >= (int)sizeof old)
         return k3_err_set(e, K3_ELIMIT, "%s: path too long", dst);
-    {
-        /* DST must be neither the source nor inside it (a packed model holds
-         * no other file) */
-        char parent[4200];
-        snprintf(parent, sizeof parent, "%s", dst);
-        char *slash = strrchr(parent, '/');
-        if (slash && slash != parent)
-            *slash = 0;
-        else
-            snprintf(parent, sizeof parent, "%s", slash ? "/" : ".");
-        char *rdst = realpath(dst, NULL), *rpar = realpath(parent, NULL);
-        size_t ls = strlen(p->src);
-        int bad = (rdst && !strcmp(rdst, p->src)) ||
-                  (rpar && (!strcmp(rpar, p->src) || (!strncmp(rpar, p->src, ls) && rpar[ls] == '/')));
-        free(rdst);
-        free(rpar);
-        if (bad)
-            return k3_err_set(e, K3_EARG, "%s: DST is the source or inside it (%s)", dst, p->src);
-    }
     int rc;
-    if (exists(dst) && !o->force)
+    if (dest->state != K3_DEST_ABSENT && !o->force)
         return k3_err_set(e, K3_EEXIST, "%s exists (use --force to replace it)", dst);
     journal_path(jdir, sizeof jdir, tmp, NULL);
     if ((rc = remove_stale_probes(dst, e)))
         return rc;
     int resuming = 0;
     if (exists(tmp)) {
-        if ((rc = lock_dir(tmp, lockfd, e)))
+        if ((rc = k3_dest_check_dir(&k3_pack_dest_tool, tmp, 1, e)))
             return rc;
         int cmp = journal_plan_cmp(tmp, p);
         char mp[4400];
@@ -701,7 +673,7 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
             if ((rc = same_plan_manifest(p, mp, e)))
                 return rc;
             /* killed inside the journal's removal ("plan" went first) */
-            if ((rc = remove_tree(jdir, 0, e)) || (rc = k3_io_fsync_dir(tmp, e)))
+            if ((rc = remove_journal(jdir, e)) || (rc = k3_io_fsync_dir(tmp, e)))
                 return rc;
             goto publish;
         } else if (o->resume && cmp > 0) {
@@ -715,17 +687,12 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
                               "--force)",
                               tmp);
         }
-        if (!resuming && (rc = remove_tree(tmp, 1, e)))
+        if (!resuming && (rc = remove_tree(tmp, e)))
             return rc;
     }
     if (!resuming) {
         if (mkdir(tmp, 0755) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", tmp);
-        if (*lockfd >= 0)
-            close(*lockfd);   /* the lock of the removed temporary */
-        *lockfd = -1;
-        if ((rc = lock_dir(tmp, lockfd, e)))
-            return rc;
         if (mkdir(jdir, 0755) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", jdir);
         char hex[65];
@@ -795,13 +762,15 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
             return rc;
     }
     crash_point("manifest", 0);
-    if ((rc = remove_tree(jdir, 0, e)) || (rc = k3_io_fsync_dir(tmp, e)))
+    if ((rc = remove_journal(jdir, e)) || (rc = k3_io_fsync_dir(tmp, e)))
         return rc;
     crash_point("renaming", 0);
 
 publish:
     if (exists(dst)) {   /* --force: the old DST leaves only once the new one is complete */
-        if (exists(old) && (rc = remove_tree(old, 1, e)))
+        /* DST was checked to be a packed model (or empty) when it was
+         * opened, under the lock; the old copy must still be one */
+        if ((rc = k3_dest_check_dir(&k3_pack_dest_tool, dst, 0, e)) || (rc = remove_tree(old, e)))
             return rc;
         if (rename(dst, old) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot move aside to %s", dst, old);
@@ -824,17 +793,15 @@ publish:
         if ((rc = k3_io_fsync_dir(parent, e)))
             return rc;
     }
-    if (exists(old) && (rc = remove_tree(old, 1, e)))
+    if ((rc = remove_tree(old, e)))
         return rc;
     s->seconds = now_s() - t0;
     return 0;
 }
 
-int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e)
+int k3_pack_run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e)
 {
-    int lockfd = -1;
-    int rc = run(p, o, s, &lockfd, e);
-    if (lockfd >= 0)
-        close(lockfd);
-    return rc;
+    if (!dest || dest->lock_fd < 0 || !p->dst || strcmp(dest->path, p->dst))
+        return k3_err_set(e, K3_EINTERNAL, "k3_pack_run: the destination is not open and locked");
+    return run(p, dest, o, s, e);
 }

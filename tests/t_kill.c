@@ -254,7 +254,7 @@ K3_TEST_TIMEOUT(kill_synth_leaves_nothing_or_the_whole_checkpoint, 300)
         /* no --resume: a rerun replaces whatever is left */
         CHECK_EQ_INT(k3t_runf(NULL, NULL, "%s", cmd), 0);
         same_tree(what, dst, up);
-        CHECK_EQ_INT(k3t_runf(NULL, NULL, "rm -rf %s %s.tmp", dst, dst), 0);
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "rm -rf %s %s.k3-synth-tmp", dst, dst), 0);
     }
 }
 

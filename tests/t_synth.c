@@ -251,11 +251,12 @@ K3_TEST(synth_refuses_an_existing_destination)
     /* --force replaces a checkpoint ... */
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth '%s' --preset tiny --quiet --seed 2 --force", d), 0);
     CHECK(!exists(t, "ck.tmp"));
+    CHECK(!exists(t, "ck.k3-synth-tmp"));
     /* ... but never a directory holding anything else */
     char *other = path_in(d, "notes.txt");
     CHECK_EQ_INT(k3_io_write_file_atomic(other, "keep", 4, &(k3_err){0}), 0);
     CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-synth '%s' --preset tiny --quiet --force", d), 7);
-    CHECK_STR_CONTAINS(err, "not part of a checkpoint");
+    CHECK_STR_CONTAINS(err, "not part of a k3-synth checkpoint");
     CHECK(exists(d, "notes.txt"));
     CHECK(exists(d, "config.json"));
     free(err);
