@@ -32,6 +32,7 @@
 #include "k3_crc.h"
 #include "k3_dest.h"
 #include "k3_io.h"
+#include "k3_journal.h"
 #include "k3_kern.h"
 #include "k3_progress.h"
 
@@ -513,11 +514,10 @@ static int process_chunk(conv *cv, const chunk *c, k3_err *e)
 
 /* ---- journal ------------------------------------------------------------------ */
 
-static int journal_path(char *out, size_t cap, const char *dst, const char *name, k3_err *e)
+/* DST's journal (k3_journal.h): plan.json, group-NNNN.json, embed-crc.bin */
+static int conv_journal(k3_journal *j, const char *dst, k3_err *e)
 {
-    char jd[4096];
-    int rc = k3_io_path_join(jd, sizeof jd, dst, JOURNAL, e);
-    return rc ? rc : k3_io_path_join(out, cap, jd, name, e);
+    return k3_journal_init(j, dst, JOURNAL, "plan.json", e);
 }
 
 static cJSON *crc_array(const uint32_t *crc, uint32_t n)
@@ -546,7 +546,11 @@ static int journal_write_group(conv *cv, uint32_t g, k3_err *e)
 {
     k3_conv_plan *p = cv->p;
     const k3_conv_group *G = &p->groups[g];
-    char hex[65], name[64], path[4200];
+    char hex[65], name[64];
+    k3_journal j;
+    int jrc = conv_journal(&j, p->dst, e);
+    if (jrc)
+        return jrc;
     cJSON *root = cJSON_CreateObject();
     k3_man_hex(p->fingerprint, hex);
     cJSON_AddStringToObject(root, "fingerprint", hex);
@@ -570,15 +574,13 @@ static int journal_write_group(conv *cv, uint32_t g, k3_err *e)
             rc = k3_err_set(e, K3_EINTERNAL, "embedding: %" PRIu64 " bytes written, %" PRIu64 " expected", cv->erow_at,
                             V * cv->erow_rb);
         for (uint64_t i = 0; rc == 0 && i < V; i++)
-            for (int j = 0; j < 4; j++)
-                b[4 * i + j] = (uint8_t)(cv->erow[i] >> (8 * j));
+            for (int k = 0; k < 4; k++)
+                b[4 * i + k] = (uint8_t)(cv->erow[i] >> (8 * k));
         unsigned int hl;
         if (rc == 0) {
             EVP_Digest(b, 4 * V, cv->erow_sha, &hl, EVP_sha256(), NULL);
-            rc = journal_path(path, sizeof path, p->dst, "embed-crc.bin", e);
+            rc = k3_journal_put_blob(&j, "embed-crc.bin", b, 4 * V, e);
         }
-        if (rc == 0)
-            rc = k3_io_write_file_atomic(path, b, 4 * V, e);
         free(b);
         if (rc) {
             cJSON_Delete(root);
@@ -587,20 +589,11 @@ static int journal_write_group(conv *cv, uint32_t g, k3_err *e)
         k3_man_hex(cv->erow_sha, hex);
         cJSON_AddStringToObject(root, "embed_crc_sha256", hex);
     }
-    char *js = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
     /* sealed with its SHA-256, so that --resume never takes a value that
      * reads back differently from what was written */
-    size_t tl = 0;
-    char *txt = js ? k3_man_seal(js, strlen(js), &tl) : NULL;
-    free(js);
-    if (!txt)
-        return k3_err_set(e, K3_ENOMEM, "out of memory");
     snprintf(name, sizeof name, "group-%04u.json", g);
-    int rc = journal_path(path, sizeof path, p->dst, name, e);
-    if (rc == 0)
-        rc = k3_io_write_file_atomic(path, txt, tl, e);
-    free(txt);
+    int rc = k3_journal_put(&j, name, root, e);
+    cJSON_Delete(root);
     return rc;
 }
 
@@ -663,29 +656,16 @@ static int journal_load_group(conv *cv, uint32_t g, const char **why, k3_err *e)
 {
     k3_conv_plan *p = cv->p;
     k3_conv_group *G = &p->groups[g];
-    char name[64], path[4200], hex[65];
-    snprintf(name, sizeof name, "group-%04u.json", g);
-    int rc = journal_path(path, sizeof path, p->dst, name, e);
+    char name[64], hex[65];
+    k3_journal j;
+    int rc = conv_journal(&j, p->dst, e);
     if (rc)
         return rc;
-    *why = "no journal entry";
-    if (access(path, F_OK) != 0)
-        return 0;
-    char *txt;
-    uint64_t len;
+    snprintf(name, sizeof name, "group-%04u.json", g);
     k3_err ignore = {0};
-    *why = "unreadable journal entry";
-    if (k3_io_read_file(path, 16u << 20, &txt, &len, &ignore))
+    cJSON *root = k3_journal_get(&j, name, why);
+    if (!root)
         return 0;
-    *why = "journal entry does not match its own SHA-256";
-    size_t body_len = 0;
-    const char *body = k3_man_unseal(txt, len, &body_len);
-    if (!body) {
-        free(txt);
-        return 0;
-    }
-    cJSON *root = cJSON_ParseWithLength(body, body_len);
-    free(txt);
     int ok = 0;
     k3_man_hex(p->fingerprint, hex);
     const cJSON *fp = cJSON_GetObjectItemCaseSensitive(root, "fingerprint");
@@ -728,20 +708,16 @@ static int journal_load_group(conv *cv, uint32_t g, const char **why, k3_err *e)
     if (g == cv->embed_group && cv->embed_t >= 0) {
         const cJSON *h = cJSON_GetObjectItemCaseSensitive(root, "embed_crc_sha256");
         const uint64_t V = p->cfg.vocab_size;
-        char *b = NULL;
-        uint64_t bl = 0;
-        uint8_t want[32], got[32];
-        unsigned int hl = 0;
+        uint8_t *b = malloc(4 * V + 1);
+        uint8_t want[32];
         *why = "the embedding's row CRCs in the journal are missing or do not hash to the entry's SHA-256";
-        if (!cJSON_IsString(h) || k3_man_unhex(h->valuestring, want) ||
-            journal_path(path, sizeof path, p->dst, "embed-crc.bin", &ignore) ||
-            k3_io_read_file(path, 4 * V + 1, &b, &bl, &ignore) || bl != 4 * V ||
-            EVP_Digest(b, (size_t)bl, got, &hl, EVP_sha256(), NULL) != 1 || memcmp(want, got, 32)) {
+        if (!b || !cJSON_IsString(h) || k3_man_unhex(h->valuestring, want) ||
+            k3_journal_get_blob(&j, "embed-crc.bin", 4 * V, want, b)) {
             free(b);
             goto out;
         }
         for (uint64_t i = 0; i < V; i++) {
-            const uint8_t *q = (const uint8_t *)b + 4 * i;
+            const uint8_t *q = b + 4 * i;
             cv->erow[i] = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
         }
         free(b);
@@ -911,24 +887,9 @@ static const k3_dest_tool conv_tool = {"k3-convert", K3_DEST_PACKED, NULL};
 
 static int remove_journal(const char *dst, k3_err *e)
 {
-    char jd[4096], f[4400];
-    int rc = k3_io_path_join(jd, sizeof jd, dst, JOURNAL, e);
-    if (rc)
-        return rc;
-    DIR *d = opendir(jd);
-    if (!d)
-        return errno == ENOENT ? 0 : k3_err_sys(e, K3_EIO, errno, "%s: cannot open", jd);
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.')
-            continue;
-        snprintf(f, sizeof f, "%s/%s", jd, de->d_name);
-        unlink(f);
-    }
-    closedir(d);
-    if (rmdir(jd) != 0)
-        return k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", jd);
-    return k3_io_fsync_dir(dst, e);
+    k3_journal j;
+    int rc = conv_journal(&j, dst, e);
+    return rc ? rc : k3_journal_remove(&j, e);
 }
 
 /* Make DST ready. Returns 1 if DST already holds the finished conversion
@@ -936,7 +897,7 @@ static int remove_journal(const char *dst, k3_err *e)
 static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_dest_state state, k3_err *e)
 {
     const char *dst = p->dst;
-    char path[4400], hex[65];
+    char hex[65];
     k3_man_hex(p->fingerprint, hex);
     if (state == K3_DEST_ABSENT) {
         if (mkdir(dst, 0755) != 0)
@@ -944,30 +905,23 @@ static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_dest_state sta
     } else if (state == K3_DEST_OURS) {
         /* a packed model or an interrupted conversion (k3_dest_open checked
          * that it holds nothing else) */
-        char jd[4096], mp[4200];
-        int rc = k3_io_path_join(jd, sizeof jd, dst, JOURNAL, e);
+        char mp[4200];
+        k3_journal j;
+        int rc = conv_journal(&j, dst, e);
         if (rc == 0)
             rc = k3_io_path_join(mp, sizeof mp, dst, "manifest.json", e);
         if (rc)
             return rc;
-        int has_journal = access(jd, F_OK) == 0, has_manifest = access(mp, F_OK) == 0;
+        int has_journal = k3_journal_exists(&j), has_manifest = access(mp, F_OK) == 0;
         if (o->resume && has_journal) {
-            char *txt;
-            uint64_t len;
-            rc = journal_path(path, sizeof path, dst, "plan.json", e);
-            if (rc == 0 && access(path, F_OK) != 0) {
+            int cmp = k3_journal_plan_cmp(&j, hex);
+            if (cmp < 0) {
                 /* killed before the plan was written: nothing finished yet */
                 goto fresh;
             }
-            if (rc == 0 && (rc = k3_io_read_file(path, 1u << 20, &txt, &len, e)) == 0) {
-                int same = strstr(txt, hex) != NULL;
-                free(txt);
-                if (!same)
-                    return k3_err_set(e, K3_EEXIST, "%s: the journal is of a conversion from other input or "
-                                      "options; use --force to start again", dst);
-            } else {
-                return rc;
-            }
+            if (cmp > 0)
+                return k3_err_set(e, K3_EEXIST, "%s: the journal is of a conversion from other input or "
+                                  "options; use --force to start again", dst);
             if (has_manifest) {
                 /* finished, interrupted only while removing the journal */
                 rc = remove_journal(dst, e);
@@ -986,18 +940,11 @@ static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_dest_state sta
         if ((rc = k3_dest_clear(&conv_tool, dst, 0, 0, e)))
             return rc;
     }
-    char jd[4096];
-    int rc = k3_io_path_join(jd, sizeof jd, dst, JOURNAL, e);
-    if (rc)
-        return rc;
-    if (mkdir(jd, 0755) != 0 && errno != EEXIST)
-        return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", jd);
-    char plan[256];
-    snprintf(plan, sizeof plan, "{\"fingerprint\":\"%s\",\"groups\":%u}\n", hex, p->ngroups);
-    if ((rc = journal_path(path, sizeof path, dst, "plan.json", e)) ||
-        (rc = k3_io_write_file_atomic(path, plan, strlen(plan), e)))
-        return rc;
-    return k3_io_fsync_dir(dst, e);
+    k3_journal j;
+    int rc = conv_journal(&j, dst, e);
+    if (rc == 0)
+        rc = k3_journal_begin(&j, hex, e);
+    return rc ? rc : k3_io_fsync_dir(dst, e);
 }
 
 /* Provenance of the small upstream files; tokenizer files are copied. */

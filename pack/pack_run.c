@@ -38,6 +38,7 @@
 #include "../convert/conv_out.h"
 #include "k3_crc.h"
 #include "k3_io.h"
+#include "k3_journal.h"
 #include "pack.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -83,31 +84,6 @@ static int remove_tree(const char *dir, k3_err *e)
     return k3_dest_clear(&k3_pack_dest_tool, dir, 1, 1, e);
 }
 
-/* Remove the journal directory: its entries are regular files of ours. */
-static int remove_journal(const char *jdir, k3_err *e)
-{
-    DIR *d = opendir(jdir);
-    if (!d)
-        return errno == ENOENT ? 0 : k3_err_sys(e, K3_EIO, errno, "%s: cannot open", jdir);
-    struct dirent *de;
-    char path[4400];
-    int rc = 0;
-    while (!rc && (de = readdir(d))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-            continue;
-        struct stat st;
-        snprintf(path, sizeof path, "%s/%s", jdir, de->d_name);
-        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
-            rc = k3_err_set(e, K3_EEXIST, "%s: not a journal entry of k3-pack; not removing it", path);
-        else if (unlink(path) != 0)
-            rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", path);
-    }
-    closedir(d);
-    if (!rc && rmdir(jdir) != 0)
-        rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", jdir);
-    return rc;
-}
-
 static int exists(const char *path)
 {
     struct stat st;
@@ -116,18 +92,30 @@ static int exists(const char *path)
 
 /* ------------------------------------------------------------ journal */
 
-static int journal_path(char *out, size_t cap, const char *tmp, const char *name)
+/* The temporary's journal (k3_journal.h): "plan", then "NAME.json" per
+ * finished output file and "NAME.part.json" per finished trunk unit. */
+static int pack_journal(k3_journal *j, const char *tmp, k3_err *e)
 {
-    int n = snprintf(out, cap, "%s/" K3_PACK_JOURNAL "%s%s%s", tmp, name ? "/" : "", name ? name : "",
-                     name ? ".json" : "");
+    return k3_journal_init(j, tmp, K3_PACK_JOURNAL, "plan", e);
+}
+
+static int entry_name(char *out, size_t cap, const char *file, const char *what)
+{
+    int n = snprintf(out, cap, "%s%s.json", file, what);
     return n > 0 && (size_t)n < cap ? 0 : -1;
 }
 
 static int journal_write(const char *tmp, const k3_pack_plan *p, const k3_pack_out *out, k3_err *e)
 {
     const k3_pk_file *f = &p->man.files[out->file];
+    k3_journal j;
+    char hex[65], name[400];
+    int rc = pack_journal(&j, tmp, e);
+    if (rc)
+        return rc;
+    if (entry_name(name, sizeof name, f->name, ""))
+        return k3_err_set(e, K3_ELIMIT, "%s: name too long", f->name);
     cJSON *o = cJSON_CreateObject();
-    char hex[65], path[4400];
     k3_man_hex(f->sha256, hex);
     cJSON_AddStringToObject(o, "name", f->name);
     cJSON_AddNumberToObject(o, "size", (double)f->size);
@@ -137,18 +125,10 @@ static int journal_write(const char *tmp, const k3_pack_plan *p, const k3_pack_o
         for (uint32_t u = 0; u < p->man.nunits; u++)
             cJSON_AddItemToArray(a, cJSON_CreateNumber(p->man.units[u].crc32));
     }
-    char *js = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
     /* sealed with its SHA-256, so that --resume never takes a value that
      * reads back differently from what was written */
-    size_t tl = 0;
-    char *txt = js ? k3_man_seal(js, strlen(js), &tl) : NULL;
-    free(js);
-    if (!txt)
-        return k3_err_set(e, K3_ENOMEM, "out of memory");
-    int rc = journal_path(path, sizeof path, tmp, f->name) ? k3_err_set(e, K3_ELIMIT, "%s: path too long", tmp)
-                                                            : k3_io_write_file_atomic(path, txt, tl, e);
-    free(txt);
+    rc = k3_journal_put(&j, name, o, e);
+    cJSON_Delete(o);
     return rc;
 }
 
@@ -157,21 +137,13 @@ static int journal_write(const char *tmp, const k3_pack_plan *p, const k3_pack_o
 static int journal_take(const char *tmp, k3_pack_plan *p, const k3_pack_out *out)
 {
     k3_pk_file *f = &p->man.files[out->file];
-    char path[4400], fpath[4400];
-    char *txt = NULL;
-    uint64_t len;
+    char name[400], fpath[4400];
+    k3_journal j;
     k3_err je = {0};
-    if (journal_path(path, sizeof path, tmp, f->name) || k3_io_read_file(path, 1u << 30, &txt, &len, &je))
+    if (pack_journal(&j, tmp, &je) || entry_name(name, sizeof name, f->name, ""))
         return 0;
     /* an entry that does not hash to its first line is not trusted: redo */
-    size_t bl = 0;
-    const char *body = k3_man_unseal(txt, len, &bl);
-    if (!body) {
-        free(txt);
-        return 0;
-    }
-    cJSON *o = cJSON_ParseWithLength(body, bl);
-    free(txt);
+    cJSON *o = k3_journal_get(&j, name, NULL);
     int ok = 0;
     struct stat st;
     snprintf(fpath, sizeof fpath, "%s/%s", tmp, f->name);
@@ -553,25 +525,6 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The plan's fingerprint in the journal: 0 if it matches, 1 if it differs
- * or is unreadable, -1 if absent. */
-static int journal_plan_cmp(const char *tmp, const k3_pack_plan *p)
-{
-    char path[4400], hex[65];
-    char *txt = NULL;
-    uint64_t len;
-    k3_err je = {0};
-    snprintf(path, sizeof path, "%s/" K3_PACK_JOURNAL "/plan", tmp);
-    if (!exists(path))
-        return -1;
-    if (k3_io_read_file(path, 4096, &txt, &len, &je))
-        return 1;
-    k3_man_hex(p->fingerprint, hex);
-    int same = len >= 64 && !memcmp(txt, hex, 64);
-    free(txt);
-    return same ? 0 : 1;
-}
-
 /* 0 if the manifest at mp is the one this plan produces (hashes of written
  * files taken from it), K3_EEXIST if not. */
 static int same_plan_manifest(k3_pack_plan *p, const char *mp, k3_err *e)
@@ -643,21 +596,25 @@ static int run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_p
     memset(s, 0, sizeof *s);
     double t0 = now_s();
     const char *dst = p->dst;
-    char tmp[4200], old[4200], jdir[4400], path[4500];
+    char tmp[4200], old[4200], path[4500];
     if (snprintf(tmp, sizeof tmp, "%s" K3_PACK_TMP_SUFFIX, dst) >= (int)sizeof tmp ||
         snprintf(old, sizeof old, "%s" K3_PACK_OLD_SUFFIX, dst) >= (int)sizeof old)
         return k3_err_set(e, K3_ELIMIT, "%s: path too long", dst);
     int rc;
     if (dest->state != K3_DEST_ABSENT && !o->force)
         return k3_err_set(e, K3_EEXIST, "%s exists (use --force to replace it)", dst);
-    journal_path(jdir, sizeof jdir, tmp, NULL);
+    k3_journal jn;
+    if ((rc = pack_journal(&jn, tmp, e)))
+        return rc;
     if ((rc = remove_stale_probes(dst, e)))
         return rc;
     int resuming = 0;
     if (exists(tmp)) {
         if ((rc = k3_dest_check_dir(&k3_pack_dest_tool, tmp, 1, e)))
             return rc;
-        int cmp = journal_plan_cmp(tmp, p);
+        char hex[65];
+        k3_man_hex(p->fingerprint, hex);
+        int cmp = k3_journal_plan_cmp(&jn, hex);
         char mp[4400];
         snprintf(mp, sizeof mp, "%s/manifest.json", tmp);
         if (o->resume && cmp == 0) {
@@ -673,7 +630,7 @@ static int run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_p
             if ((rc = same_plan_manifest(p, mp, e)))
                 return rc;
             /* killed inside the journal's removal ("plan" went first) */
-            if ((rc = remove_journal(jdir, e)) || (rc = k3_io_fsync_dir(tmp, e)))
+            if ((rc = k3_journal_remove(&jn, e)))
                 return rc;
             goto publish;
         } else if (o->resume && cmp > 0) {
@@ -693,12 +650,9 @@ static int run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_p
     if (!resuming) {
         if (mkdir(tmp, 0755) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", tmp);
-        if (mkdir(jdir, 0755) != 0)
-            return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", jdir);
         char hex[65];
         k3_man_hex(p->fingerprint, hex);
-        snprintf(path, sizeof path, "%s/plan", jdir);
-        if ((rc = k3_io_write_file_atomic(path, hex, 64, e)) || (rc = k3_io_fsync_dir(tmp, e)))
+        if ((rc = k3_journal_begin(&jn, hex, e)) || (rc = k3_io_fsync_dir(tmp, e)))
             return rc;
     }
 
@@ -762,7 +716,7 @@ static int run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_p
             return rc;
     }
     crash_point("manifest", 0);
-    if ((rc = remove_journal(jdir, e)) || (rc = k3_io_fsync_dir(tmp, e)))
+    if ((rc = k3_journal_remove(&jn, e)))
         return rc;
     crash_point("renaming", 0);
 
