@@ -235,12 +235,13 @@ int main(int argc, char **argv)
                ", \"floor_double\": %" PRIu64 ", \"resident\": %" PRIu64 ", \"budget_runs\": %s, \"trunk_bytes\": %" PRIu64
                ", \"bytes_written\": %" PRIu64 ", \"bytes_linked\": %" PRIu64 ", \"bytes_copied\": %" PRIu64
                ", \"files_linked\": %u, \"files_reflinked\": %u, \"files_copied\": %u, \"files_resumed\": %u"
+               ", \"trunk_bytes_kept\": %" PRIu64
                ", \"seconds\": %.3f}\n",
                p.src, plan_only ? "" : pos[1], plan_only ? "true" : "false", p.sp.budget, p.unit_bytes,
                p.man.nunits, p.split_tensors, p.pinned_bytes, p.sp_floor.floor, p.sp_floor.floor_double,
                p.sp_floor.resident, p.sp_ok ? "true" : "false", p.trunk_bytes,
                s.bytes_written, s.bytes_linked, s.bytes_copied, s.files_linked, s.files_reflinked, s.files_copied,
-               s.files_resumed, s.seconds);
+               s.files_resumed, s.trunk_bytes_kept, s.seconds);
     } else if (!plan_only && !o.quiet) {
         fprintf(stderr,
                 "k3-pack: %s written in %.2f s: %" PRIu64 " bytes written, %" PRIu64 " bytes linked (%u hard links, "

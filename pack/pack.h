@@ -154,6 +154,7 @@ typedef struct k3_pack_stats {
     uint64_t bytes_linked;      /* expert bytes shared with the source (links/reflinks) */
     uint64_t bytes_copied;      /* expert bytes copied because linking was impossible */
     uint32_t files_linked, files_reflinked, files_copied, files_resumed;
+    uint64_t trunk_bytes_kept;  /* trunk bytes of an interrupted run continued by --resume */
     double seconds;
 } k3_pack_stats;
 

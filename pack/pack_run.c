@@ -7,7 +7,15 @@
  * fsynced and renamed into place). manifest.json is written last, the journal
  * removed, the directory fsynced and renamed to DST, and DST's parent fsynced.
  * So at any kill point DST is either absent (the temporary can be resumed
- * with --resume, or removed with --force) or complete.
+ * with --resume, or removed with --force) or complete. The journal is the
+ * one k3-convert uses (k3_journal.h).
+ *
+ * The trunk is one file (about 111 GB at K3 size), so it is journaled per
+ * unit: after the last piece of each output unit the temporary is fsynced
+ * and "NAME.part.json" records the writer's state (hash frontier, SHA-256
+ * state, unit CRCs: k3_conv_w_checkpoint) and the source units' running
+ * CRCs; --resume continues from the last such entry (bytes past it are
+ * zeroed and written again), so a kill loses at most one unit of work.
  *
  * Trunk bytes are copied piece by piece from the source (read once, O_DIRECT
  * where the filesystem allows; every source unit CRC-checked as it streams
@@ -315,8 +323,75 @@ static int copy_rows(copier *c, k3_conv_w *w, uint32_t ext, uint32_t t, uint64_t
     return 0;
 }
 
-static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out, int dense, k3_pack_stats *s,
-                       k3_err *e)
+/* The copier's source-unit CRC state, for a trunk checkpoint: units with
+ * any progress as [unit, pos, crc, flags]. */
+static cJSON *copier_state(const copier *c)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (uint32_t u = 0; a && u < c->p->src_man.nunits; u++) {
+        const srcunit *x = &c->su[u];
+        if (!x->pos && !x->done && !x->reread)
+            continue;
+        double v[4] = {u, (double)x->pos, x->crc, x->done | x->reread << 1};
+        cJSON_AddItemToArray(a, cJSON_CreateDoubleArray(v, 4));
+    }
+    return a;
+}
+
+static int copier_load(copier *c, const cJSON *a)
+{
+    const uint32_t n = c->p->src_man.nunits;
+    memset(c->su, 0, (n + 1) * sizeof *c->su);
+    if (!cJSON_IsArray(a))
+        return -1;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a)
+    {
+        double v[4];
+        int k = 0;
+        const cJSON *x;
+        if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 4)
+            return -1;
+        cJSON_ArrayForEach(x, it)
+        {
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble != (double)(uint64_t)x->valuedouble)
+                return -1;
+            v[k++] = x->valuedouble;
+        }
+        uint32_t u = (uint32_t)v[0];
+        if (v[0] >= n || v[1] > (double)k3_pk_unit_at(c->p->pk, u)->nbytes || v[2] > 4294967295.0 || v[3] > 3)
+            return -1;
+        c->su[u] = (srcunit){(uint64_t)v[1], (uint32_t)v[2], (uint8_t)((uint32_t)v[3] & 1), (uint8_t)((uint32_t)v[3] >> 1)};
+    }
+    return 0;
+}
+
+/* After copies [0, next) (a whole output unit): the writer's and the
+ * copier's state go to the journal entry part, so that a kill loses at most
+ * the unit being written. */
+static int trunk_checkpoint(copier *c, k3_conv_w *w, const k3_journal *j, const char *part, uint32_t next, k3_err *e)
+{
+    cJSON *ws = NULL;
+    int rc = k3_conv_w_checkpoint(w, next, &ws, e);
+    if (rc || !ws)
+        return rc;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *cs = copier_state(c);
+    if (!o || !cs || !cJSON_AddNumberToObject(o, "read", (double)c->read)) {
+        cJSON_Delete(o);
+        cJSON_Delete(cs);
+        cJSON_Delete(ws);
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+    }
+    cJSON_AddItemToObject(o, "writer", ws);
+    cJSON_AddItemToObject(o, "source_units", cs);
+    rc = k3_journal_put(j, part, o, e);
+    cJSON_Delete(o);
+    return rc;
+}
+
+static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out, int dense, int resuming,
+                       FILE *progress, k3_pack_stats *s, k3_err *e)
 {
     k3_man *m = &p->man;
     k3_pk_file *f = &m->files[out->file];
@@ -335,7 +410,7 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
     for (uint32_t u = 0; c.su && u < p->src_man.nunits; u++)
         c.su[u].crc = 0;   /* the CRC of nothing */
     k3_conv_w w;
-    int rc = 0, opened = 0;
+    int rc = 0, opened = 0, checkpointed = 0;
     if (!of.ext || !of.regions || !of.region_crc || !c.buf || !c.bounce || !c.gap || !c.gap_bounce || !c.su) {
         rc = k3_err_set(e, K3_ENOMEM, "out of memory");
         goto out;
@@ -348,14 +423,55 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
     for (uint32_t u = 0; u < m->nunits; u++)
         of.regions[u] = (k3_conv_ext){m->units[u].offset, m->units[u].nbytes};
     of.nregions = m->nunits;
-    if ((rc = k3_conv_w_open(&w, tmp, &of, dense, e)))
+    /* a unit checkpoint of an interrupted run continues the temporary */
+    k3_journal j;
+    char part[400];
+    uint32_t first = 0;
+    uint64_t kept = 0;
+    if ((rc = pack_journal(&j, tmp, e)))
+        goto out;
+    if (entry_name(part, sizeof part, f->name, ".part")) {
+        rc = k3_err_set(e, K3_ELIMIT, "%s: name too long", f->name);
+        goto out;
+    }
+    cJSON *state = resuming ? k3_journal_get(&j, part, NULL) : NULL;
+    const cJSON *rd = cJSON_GetObjectItemCaseSensitive(state, "read");
+    if (state && cJSON_IsNumber(rd) && copier_load(&c, cJSON_GetObjectItemCaseSensitive(state, "source_units")) == 0)
+        rc = k3_conv_w_resume(&w, tmp, &of, dense, cJSON_GetObjectItemCaseSensitive(state, "writer"), &first, e);
+    else
+        rc = k3_conv_w_open(&w, tmp, &of, dense, e);
+    if (rc == 1) {
+        c.read = (uint64_t)rd->valuedouble;
+        kept = w.written;
+        rc = 0;
+    } else if (rc == 0) {
+        first = 0;
+        memset(c.su, 0, (p->src_man.nunits + 1) * sizeof *c.su);
+    }
+    cJSON_Delete(state);
+    if (rc)
         goto out;
     opened = 1;
-    for (uint32_t i = 0; i < p->ncopies && !rc; i++) {
+    s->trunk_bytes_kept += kept;
+    if (kept && progress)
+        fprintf(progress, "k3-pack: %s: %" PRIu64 " bytes (%u of %u pieces) kept from the interrupted run\n", f->name,
+                kept, first, p->ncopies);
+    for (uint32_t i = first; i < p->ncopies && !rc; i++) {
         const k3_pack_copy *cp = &p->copies[i];
         const k3_pk_piece *pc = &m->tensors[cp->tensor].pieces[cp->piece];
         rc = copy_rows(&c, &w, i, cp->tensor, pc->row_begin, pc->row_end, e);
         crash_point("trunk", i);
+        if (rc || i + 1 == p->ncopies)
+            continue;
+        const k3_pack_copy *nx = &p->copies[i + 1];
+        uint32_t unit = pc->unit;
+        if (m->tensors[nx->tensor].pieces[nx->piece].unit != unit) {
+            rc = trunk_checkpoint(&c, &w, &j, part, i + 1, e);
+            if (!rc) {
+                checkpointed = 1;
+                crash_point("unit", unit);
+            }
+        }
     }
     if (!rc)
         rc = crc_finish(&c, e);
@@ -366,11 +482,13 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
     if (!rc) {
         for (uint32_t u = 0; u < m->nunits; u++)
             m->units[u].crc32 = of.region_crc[u];
-        s->bytes_written += w.written;
+        s->bytes_written += w.written - kept;
     }
 out:
+    /* a failed or interrupted trunk with a unit checkpoint keeps its
+     * temporary for --resume (it is ours, inside our temporary directory) */
     if (opened)
-        k3_conv_w_close(&w, rc != 0);
+        k3_conv_w_close(&w, rc != 0 && !checkpointed && !kept);
     free(of.ext);
     free(of.regions);
     free(of.region_crc);
@@ -667,7 +785,7 @@ static int run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_p
             return rc;
         switch (out->how) {
         case K3_PACK_OUT_TRUNK:
-            rc = write_trunk(p, tmp, out, o->dense, s, e);
+            rc = write_trunk(p, tmp, out, o->dense, resuming, o->progress, s, e);
             break;
         case K3_PACK_OUT_EXPERTS:
             rc = write_experts(p, tmp, out, s, e);
