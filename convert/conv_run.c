@@ -914,12 +914,14 @@ static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_dest_state sta
             return rc;
         int has_journal = k3_journal_exists(&j), has_manifest = access(mp, F_OK) == 0;
         if (o->resume && has_journal) {
-            int cmp = k3_journal_plan_cmp(&j, hex);
-            if (cmp < 0) {
+            int cmp = k3_journal_plan_cmp(&j, hex, e);
+            if (cmp < 0)
+                return cmp;
+            if (cmp == 2) {
                 /* killed before the plan was written: nothing finished yet */
                 goto fresh;
             }
-            if (cmp > 0)
+            if (cmp == 1)
                 return k3_err_set(e, K3_EEXIST, "%s: the journal is of a conversion from other input or "
                                   "options; use --force to start again", dst);
             if (has_manifest) {

@@ -38,9 +38,10 @@ int k3_journal_exists(const k3_journal *j);
 /* Create the directory (an existing one is kept) and write the plan entry. */
 int k3_journal_begin(const k3_journal *j, const char *fingerprint_hex, k3_err *e);
 
-/* The plan entry against fingerprint_hex: 0 the same, 1 another plan or
- * unreadable, -1 absent. */
-int k3_journal_plan_cmp(const k3_journal *j, const char *fingerprint_hex);
+/* The plan entry against fingerprint_hex: 0 the same, 1 another plan (or
+ * an entry that does not match its seal), 2 absent, a K3_E* code (<0) if it
+ * cannot be read. */
+int k3_journal_plan_cmp(const k3_journal *j, const char *fingerprint_hex, k3_err *e);
 
 /* Path of an entry. */
 int k3_journal_path(const k3_journal *j, const char *entry, char *out, size_t cap, k3_err *e);

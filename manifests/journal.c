@@ -114,12 +114,23 @@ int k3_journal_begin(const k3_journal *j, const char *fingerprint_hex, k3_err *e
     return rc;
 }
 
-int k3_journal_plan_cmp(const k3_journal *j, const char *fingerprint_hex)
+int k3_journal_plan_cmp(const k3_journal *j, const char *fingerprint_hex, k3_err *e)
 {
-    const char *why = NULL;
-    cJSON *o = k3_journal_get(j, j->plan_name, &why);
+    char path[4400], *txt = NULL;
+    uint64_t len = 0;
+    int rc = k3_journal_path(j, j->plan_name, path, sizeof path, e);
+    if (rc)
+        return rc;
+    if (access(path, F_OK) != 0)
+        return 2;
+    if ((rc = k3_io_read_file(path, ENTRY_MAX, &txt, &len, e)))
+        return rc;
+    size_t bl = 0;
+    const char *body = k3_man_unseal(txt, len, &bl);
+    cJSON *o = body ? cJSON_ParseWithLength(body, bl) : NULL;
+    free(txt);
     if (!o)
-        return !strcmp(why, "no journal entry") ? -1 : 1;
+        return 1;
     const cJSON *fp = cJSON_GetObjectItemCaseSensitive(o, "fingerprint");
     int same = cJSON_IsString(fp) && !strcmp(fp->valuestring, fingerprint_hex);
     cJSON_Delete(o);

@@ -732,12 +732,17 @@ static int run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_p
             return rc;
         char hex[65];
         k3_man_hex(p->fingerprint, hex);
-        int cmp = k3_journal_plan_cmp(&jn, hex);
+        k3_err pe = {0};
+        int cmp = k3_journal_plan_cmp(&jn, hex, &pe);   /* 0 same, 1 other, 2 absent, <0 unreadable */
+        if (cmp < 0 && o->resume) {
+            *e = pe;
+            return cmp;
+        }
         char mp[4400];
         snprintf(mp, sizeof mp, "%s/manifest.json", tmp);
         if (o->resume && cmp == 0) {
             resuming = 1;
-        } else if (o->resume && cmp < 0 && exists(mp)) {
+        } else if (o->resume && cmp == 2 && exists(mp)) {
             /* killed after the journal was removed: complete, only the rename
              * is left - if it is this plan's model: the planned manifest with
              * the written hashes taken from it must be the same text */
@@ -751,7 +756,7 @@ static int run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_p
             if ((rc = k3_journal_remove(&jn, e)))
                 return rc;
             goto publish;
-        } else if (o->resume && cmp > 0) {
+        } else if (o->resume && cmp == 1) {
             return k3_err_set(e, K3_EEXIST,
                               "%s was left by a repack with a different plan (other source or options): use "
                               "--force to start again",
