@@ -485,10 +485,12 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
         s->bytes_written += w.written - kept;
     }
 out:
-    /* a failed or interrupted trunk with a unit checkpoint keeps its
-     * temporary for --resume (it is ours, inside our temporary directory) */
+    /* an interrupted trunk with a unit checkpoint keeps its temporary for
+     * --resume (it is ours, inside our temporary directory); after any
+     * other failure (a full disk, an I/O error) it goes, as every temporary
+     * of a failed write does, and --resume starts the trunk again */
     if (opened)
-        k3_conv_w_close(&w, rc != 0 && !checkpointed && !kept);
+        k3_conv_w_close(&w, rc != 0 && !(rc == K3_EINTR && (checkpointed || kept)));
     free(of.ext);
     free(of.regions);
     free(of.region_crc);
