@@ -1111,7 +1111,7 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
     if (rc)
         return rc;
     k3_conv_plan plan;
-    if ((rc = k3_conv_plan_build(&plan, src, dest.path, e))) {
+    if ((rc = k3_conv_plan_build(&plan, src, dest.path, o->trunk_bf16, e))) {
         k3_dest_close(&dest);
         return rc;
     }
@@ -1132,7 +1132,7 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
             !strcmp(plan.man.tensors[ct->out_tensor].name, "language_model.model.embed_tokens.weight")) {
             cv.embed_t = (int64_t)i;
             cv.embed_group = plan.slot_group[ct->slot];
-            cv.erow_rb = plan.man.tensors[ct->out_tensor].shape[1] * (ct->out_dtype == K3_DT_F32 ? 4 : 2);
+            cv.erow_rb = plan.man.tensors[ct->out_tensor].shape[1] * k3_dtype_size(ct->out_dtype);
         }
     }
     cv.erow = calloc(plan.cfg.vocab_size ? plan.cfg.vocab_size : 1, sizeof *cv.erow);
