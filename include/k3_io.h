@@ -60,6 +60,11 @@ int k3_io_file_size(int fd, uint64_t *size, const char *path, k3_err *e);
  * heap buffer. Files larger than max_bytes are K3_ELIMIT. Caller frees *buf. */
 int k3_io_read_file(const char *path, uint64_t max_bytes, char **buf, uint64_t *len, k3_err *e);
 
+/* Read everything an open descriptor gives until EOF (a pipe, stdin: "name"
+ * in messages) into a NUL-terminated heap buffer, at most max_bytes
+ * (K3_ELIMIT beyond). Caller frees *buf. */
+int k3_io_read_fd(int fd, uint64_t max_bytes, char **buf, uint64_t *len, const char *name, k3_err *e);
+
 /* Aligned heap memory (posix_memalign). Free with k3_io_free_aligned; NULL ok. */
 void *k3_io_alloc_aligned(uint64_t n, uint64_t align);
 void k3_io_free_aligned(void *p);
@@ -75,7 +80,9 @@ void k3_io_huge_free(void *p, uint64_t n);
  * fd, closes it, renames tmp to dst and fsyncs dst's directory. */
 int k3_io_tmp_create(const char *dst, int overwrite_tmp, char *tmp_path, size_t tmp_cap, k3_err *e);
 int k3_io_publish(int fd, const char *tmp_path, const char *dst, k3_err *e);
-/* Write a whole buffer to dst atomically (tmp, fsync, rename, fsync dir). */
+/* Write a whole buffer to dst atomically (tmp, fsync, rename, fsync dir).
+ * A dst that exists and is not a regular file (/dev/stdout, a pipe, a
+ * device) is written in place, every write checked, never renamed over. */
 int k3_io_write_file_atomic(const char *dst, const void *buf, uint64_t n, k3_err *e);
 /* fsync the directory holding path (or the directory path itself). */
 int k3_io_fsync_dir(const char *dir, k3_err *e);
