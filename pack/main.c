@@ -15,6 +15,8 @@
 #include "k3_cli.h"
 #include "k3_err.h"
 #include "k3_io.h"
+#include "k3_json.h"
+#include "k3_out.h"
 #include "k3_stream.h"
 #include "pack.h"
 
@@ -71,12 +73,12 @@ static void on_signal(int sig)
 
 static int die(int code, const char *msg)
 {
-    fprintf(stderr, "k3-pack: error: %s\n", msg);
-    return k3_err_exit_status(code);
+    return k3_out_error(code, "%s", msg);
 }
 
 int main(int argc, char **argv)
 {
+    k3_out_init("k3-pack");
     k3_pack_opts o;
     k3_pack_opts_init(&o);
     int json = 0, plan_only = 0, rc = 0;
@@ -223,13 +225,17 @@ int main(int argc, char **argv)
         }
     }
     if (json) {
-        printf("{\"src\": \"%s\", \"dst\": \"%s\", \"plan_only\": %s, \"budget\": %" PRIu64 ", \"unit_bytes\": %" PRIu64
+        fputs("{\"src\": ", stdout);
+        k3_json_fput_str(stdout, p.src, strlen(p.src));
+        fputs(", \"dst\": ", stdout);
+        k3_json_fput_str(stdout, plan_only ? "" : pos[1], plan_only ? 0 : strlen(pos[1]));
+        printf(", \"plan_only\": %s, \"budget\": %" PRIu64 ", \"unit_bytes\": %" PRIu64
                ", \"units\": %u, \"split_tensors\": %u, \"pinned_bytes\": %" PRIu64 ", \"floor\": %" PRIu64
                ", \"floor_double\": %" PRIu64 ", \"resident\": %" PRIu64 ", \"budget_runs\": %s, \"trunk_bytes\": %" PRIu64
                ", \"bytes_written\": %" PRIu64 ", \"bytes_linked\": %" PRIu64 ", \"bytes_copied\": %" PRIu64
                ", \"files_linked\": %u, \"files_reflinked\": %u, \"files_copied\": %u, \"files_resumed\": %u"
                ", \"seconds\": %.3f}\n",
-               p.src, plan_only ? "" : pos[1], plan_only ? "true" : "false", p.sp.budget, p.unit_bytes,
+               plan_only ? "true" : "false", p.sp.budget, p.unit_bytes,
                p.man.nunits, p.split_tensors, p.pinned_bytes, p.sp_floor.floor, p.sp_floor.floor_double,
                p.sp_floor.resident, p.sp_ok ? "true" : "false", p.trunk_bytes,
                s.bytes_written, s.bytes_linked, s.bytes_copied, s.files_linked, s.files_reflinked, s.files_copied,
@@ -244,6 +250,5 @@ int main(int argc, char **argv)
     k3_pack_plan_free(&p);
     return 0;
 fail:
-    fprintf(stderr, "k3-pack: error: %s\n", e.msg[0] ? e.msg : k3_err_name(rc));
-    return k3_err_exit_status(rc);
+    return k3_out_error(rc, "%s", e.msg[0] ? e.msg : k3_err_name(rc));
 }

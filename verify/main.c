@@ -17,6 +17,8 @@
 #include "k3_cli.h"
 #include "k3_err.h"
 #include "k3_io.h"
+#include "k3_json.h"
+#include "k3_out.h"
 #include "vfy.h"
 
 static void usage(FILE *f)
@@ -59,6 +61,7 @@ static int has_suffix_file(const char *dir, const char *a, const char *b)
 
 int main(int argc, char **argv)
 {
+    k3_out_init("k3-verify");
     k3_vfy v = {.full = 1, .out = stdout, .sample = 32};
     const char *path = NULL, *sums = NULL;
     int quiet = 0;
@@ -134,10 +137,8 @@ int main(int argc, char **argv)
     int rc = packed ? k3_vfy_packed(&v, &e) : k3_vfy_upstream(&v, &e);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     k3_vfy_sums_free(&v);
-    if (rc) {
-        fprintf(stderr, "k3-verify: error: %s\n", e.msg);
-        return k3_err_exit_status(rc);
-    }
+    if (rc)
+        return k3_out_error(rc, "%s", e.msg);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     if (!quiet) {
         if (v.problems)
