@@ -79,6 +79,8 @@ static void usage(FILE *f)
             "                         records and pinned units are always checked)\n"
             "output:\n"
             "  --json                 one JSON object: prompt_ids, generated_ids, text, timings\n"
+            "  --quiet                no prompt progress on stderr\n"
+            "  --progress             prompt progress on stderr even when it is not a terminal\n"
             "  --logits FILE          float32 LE logits of the last prompt position [V]\n"
             "  --logits-all FILE      float32 LE logits of every prompt position [T][V]\n"
             "tokenizer only (no weights needed):\n"
@@ -339,7 +341,7 @@ int main(int argc, char **argv)
     const char *logits_path = NULL, *logits_all_path = NULL;
     uint64_t gen = 64, chunk = 64, threads = 0, top_k = 0, seed = 0;
     double temperature = 0.0, top_p = 1.0;
-    int json = 0, tokenize = 0, detokenize = 0;
+    int json = 0, tokenize = 0, detokenize = 0, progress_mode = K3_PROGRESS_AUTO;
     const char *ram_arg = NULL, *trace_path = NULL;
     uint64_t ram = 0;
     int plan_only = 0, trunk_crc = 1;
@@ -429,6 +431,10 @@ int main(int argc, char **argv)
             plan_only = 1;
         } else if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--quiet")) {
+            progress_mode = K3_PROGRESS_QUIET;
+        } else if (!strcmp(a, "--progress")) {
+            progress_mode = K3_PROGRESS_FORCE;
         } else if (!strcmp(a, "--tokenize")) {
             tokenize = 1;
         } else if (!strcmp(a, "--detokenize")) {
@@ -669,7 +675,9 @@ int main(int argc, char **argv)
         k3_tok_eos_ids(tok, &eos, &n_eos);
     sc.eos = eos;
     sc.n_eos = n_eos;
-    k3_gen_opts go = {(uint32_t)gen, eos, n_eos, logits, first, all, on_token, &sc};
+    k3_progress *prog = k3_progress_create("k3-run: prompt", n_ids, stderr, progress_mode);
+    k3_progress_set_unit(prog, "tokens");
+    k3_gen_opts go = {(uint32_t)gen, eos, n_eos, logits, first, all, on_token, &sc, prog};
     k3_gen_stats st;
     if (gen == 0) {
         /* prompt only: still compute the logits asked for */
@@ -680,6 +688,7 @@ int main(int argc, char **argv)
     } else {
         rc = k3_gen_run(m, s, smp, ids, n_ids, &go, gen_ids, &n_gen, &st, &e);
     }
+    k3_progress_free(prog);
     if (rc == 0 && ram_arg)
         rc = k3_ws_stream_finish(ws, &e);   /* the --trace file, checked and published */
     if (rc < 0)

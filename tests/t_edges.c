@@ -200,3 +200,97 @@ K3_TEST(run_prompt_file_dash_reads_stdin)
     free(a);
     free(b);
 }
+
+/* Flip one byte in the middle of the file's [lo, hi) range. */
+static void flip_at(const char *path, long off)
+{
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    CHECK_EQ_INT(fseek(f, off, SEEK_SET), 0);
+    int c = fgetc(f);
+    CHECK(c != EOF);
+    CHECK_EQ_INT(fseek(f, off, SEEK_SET), 0);
+    fputc(c ^ 0x40, f);
+    fclose(f);
+}
+
+/* --quick catches a flipped byte in every kind of file of a packed model:
+ * small files are hashed whole; with the whole-file limit at 0 (every file
+ * "large") and a sample as large as the model, the tokenizer is still
+ * hashed and the sampled units, records and embedding rows are CRC-checked
+ * (the default sample of 32 is first, last and evenly between). */
+K3_TEST_TIMEOUT(verify_quick_catches_a_flipped_byte_in_every_file_kind, 240)
+{
+    char up[4096], pk[4096], *out = NULL;
+    snprintf(up, sizeof up, "%s/up", k3t_tmpdir());
+    snprintf(pk, sizeof pk, "%s/pk", k3t_tmpdir());
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth %s --preset tiny --quiet", up), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-convert --quiet %s %s", up, pk), 0);
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "cd %s && ls | grep -v manifest.json", pk), 0);
+    int nfiles = 0;
+    for (char *save = NULL, *name = strtok_r(out, "\n", &save); name; name = strtok_r(NULL, "\n", &save)) {
+        char cp[4200], path[4300];
+        snprintf(cp, sizeof cp, "%s/c%d", k3t_tmpdir(), nfiles++);
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "cp -a %s %s", pk, cp), 0);
+        snprintf(path, sizeof path, "%s/%s", cp, name);
+        flip_at(path, 1);   /* inside the first unit, record or row of every kind */
+        char *r = NULL;
+        int rc = k3t_runf(&r, NULL, "k3-verify --quick %s", cp);
+        if (rc != 1 || !strstr(r, name))
+            k3t_fail(__FILE__, __LINE__, "--quick missed a flipped byte in %s: exit %d\n%s", name, rc, r);
+        free(r);
+        rc = k3t_runf(&r, NULL, "K3_QUICK_HASH_MAX=0 k3-verify --quick --sample 1000000 %s", cp);
+        if (rc != 1 || !strstr(r, name))
+            k3t_fail(__FILE__, __LINE__, "sampled --quick missed a flipped byte in %s: exit %d\n%s", name, rc, r);
+        free(r);
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "rm -rf %s", cp), 0);
+    }
+    CHECK(nfiles >= 6);
+    free(out);
+}
+
+K3_TEST(verify_json_and_info_describe_the_directory)
+{
+    char up[4096], pk[4096], rp[4096], *out = NULL;
+    snprintf(up, sizeof up, "%s/up", k3t_tmpdir());
+    snprintf(pk, sizeof pk, "%s/pk", k3t_tmpdir());
+    snprintf(rp, sizeof rp, "%s/rp", k3t_tmpdir());
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth %s --preset tiny --quiet", up), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-convert --quiet %s %s", up, pk), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack --quiet %s %s --ram double", pk, rp), 0);
+    /* progress: none when stderr is not a terminal, unless asked */
+    char *err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-verify %s", rp), 0);
+    CHECK_STR_EQ(err, "");
+    free(err);
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-verify --json %s", pk), 0);
+    CHECK(valid_json(out));
+    CHECK_STR_CONTAINS(out, "\"ok\":true");
+    CHECK_STR_CONTAINS(out, "\"problems\":[]");
+    free(out);
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-verify --info %s", rp), 0);
+    CHECK_STR_CONTAINS(out, "packed model (made by k3-pack");
+    free(out);
+    char tk[4200];
+    snprintf(tk, sizeof tk, "%s/tiktoken.model", pk);   /* hard-linked into rp too */
+    flip_at(tk, 10);
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-verify --json %s", pk), 1);
+    CHECK(valid_json(out));
+    CHECK_STR_CONTAINS(out, "\"ok\":false");
+    CHECK_STR_CONTAINS(out, "tiktoken.model\",\"problem\":\"SHA-256 mismatch");
+    free(out);
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-verify --info %s", rp), 0);
+    CHECK_STR_CONTAINS(out, "packed model (made by k3-pack");
+    CHECK_STR_CONTAINS(out, "layout: k3-pack for a RAM budget of ");
+    CHECK_STR_CONTAINS(out, "trunk tensors stored as: BF16 ");
+    CHECK_STR_CONTAINS(out, "provenance: 5 upstream shards");
+    free(out);
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-verify --info --json %s", rp), 0);
+    CHECK(valid_json(out));
+    CHECK_STR_CONTAINS(out, "\"streams\":true");
+    free(out);
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-verify --info %s", up), 0);
+    CHECK_STR_CONTAINS(out, "upstream checkpoint");
+    CHECK_STR_CONTAINS(out, "shards: 5 safetensors files");
+    free(out);
+}
