@@ -87,6 +87,27 @@ int k3_io_write_file_atomic(const char *dst, const void *buf, uint64_t n, k3_err
 /* fsync the directory holding path (or the directory path itself). */
 int k3_io_fsync_dir(const char *dir, k3_err *e);
 
+/* What a model directory is. */
+enum {
+    K3_DIR_UNKNOWN = 0,         /* a directory with none of the files below */
+    K3_DIR_PACKED = 1,          /* manifest.json */
+    K3_DIR_PACKED_PARTIAL = 2,  /* packed files or a journal, no manifest.json: unfinished */
+    K3_DIR_UPSTREAM = 3,        /* config.json or *.safetensors */
+};
+/* Classify dir: K3_DIR_* (>= 0), or a negative code with an exact message:
+ * K3_ENOENT "no such directory", K3_EARG "a file, not a model directory",
+ * K3_EIO "permission denied: ..." (also for a manifest.json or config.json
+ * that cannot be looked at). */
+int k3_io_dir_kind(const char *dir, k3_err *e);
+/* k3_io_dir_kind, then refuse any other kind than want (K3_DIR_PACKED or
+ * K3_DIR_UPSTREAM) with a message naming the tool to use instead: an
+ * upstream checkpoint given for a packed model says "k3-convert DIR DST"
+ * (K3_EARG), a packed model given for a checkpoint "k3-pack DIR DST"
+ * (K3_EARG), an unfinished packing "--resume" (K3_ENOENT), an empty
+ * directory "not a model" (K3_ENOENT). tool names the caller. Returns the
+ * kind or a negative code. */
+int k3_io_dir_expect(const char *dir, int want, const char *tool, k3_err *e);
+
 /* Join dir and name into out (capacity cap). K3_ELIMIT if it does not fit. */
 int k3_io_path_join(char *out, size_t cap, const char *dir, const char *name, k3_err *e);
 

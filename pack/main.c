@@ -206,8 +206,10 @@ int main(int argc, char **argv)
         k3_pack_plan_free(&p); /* a failed build leaves what it had made */
         goto fail;
     }
-    if (plan_only || (!json && !o.quiet))
-        k3_pack_plan_print(&p, json ? stderr : plan_only ? stdout : stderr, "k3-pack: ");
+    /* --plan prints it to stdout; a run prints it once it has succeeded, so
+     * that an error (a budget below the floor, DST exists, ...) is one line */
+    if (plan_only)
+        k3_pack_plan_print(&p, json ? stderr : stdout, "k3-pack: ");
     k3_pack_stats s = {0};
     if (!plan_only && !p.sp_ok && !p.stream_refused) {
         rc = k3_err_set(&e, K3_EBUDGET,
@@ -241,6 +243,7 @@ int main(int argc, char **argv)
                s.bytes_written, s.bytes_linked, s.bytes_copied, s.files_linked, s.files_reflinked, s.files_copied,
                s.files_resumed, s.seconds);
     } else if (!plan_only && !o.quiet) {
+        k3_pack_plan_print(&p, stderr, "k3-pack: ");
         fprintf(stderr,
                 "k3-pack: %s written in %.2f s: %" PRIu64 " bytes written, %" PRIu64 " bytes linked (%u hard links, "
                 "%u reflinks), %" PRIu64 " bytes copied\n",

@@ -802,6 +802,9 @@ int k3_pack_plan_build(k3_pack_plan *p, const char *src, const char *dst, const 
     char *txt = NULL;
     uint32_t *tord = NULL;
     layout lay = {0};
+    /* an upstream checkpoint, a file, an unreadable directory: said exactly */
+    if ((rc = k3_io_dir_expect(src, K3_DIR_PACKED, "k3-pack", e)) < 0)
+        return rc;
     p->src = realpath(src, NULL);
     if (!p->src)
         return k3_err_sys(e, K3_ENOENT, errno, "%s: cannot resolve the source directory", src);

@@ -60,15 +60,6 @@ static void usage(FILE *f)
             "6 out of memory, 8 disk full (stdout).\n");
 }
 
-static int has_suffix_file(const char *dir, const char *a, const char *b)
-{
-    char p[4400];
-    snprintf(p, sizeof p, "%s/%s", dir, a);
-    if (access(p, F_OK) == 0)
-        return 1;
-    return b && (snprintf(p, sizeof p, "%s/%s", dir, b), access(p, F_OK) == 0);
-}
-
 int main(int argc, char **argv)
 {
     k3_out_init("k3-verify");
@@ -132,11 +123,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "k3-verify: error: need a PATH (see --help)\n");
         return K3_EXIT_USAGE;
     }
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "k3-verify: error: %s: %s\n", path, errno == ENOENT ? "no such directory" : "not a directory");
-        return K3_EXIT_IO;
-    }
+    k3_err de = {0};
+    int kind = k3_io_dir_kind(path, &de);   /* missing, a file, no permission: said exactly */
+    if (kind < 0)
+        return k3_out_error(kind == K3_EARG ? K3_EIO : kind, "%s", de.msg);
     k3_io_fault_reset();
     pthread_mutex_init(&v.mu, NULL);
     v.dir = path;
@@ -147,13 +137,9 @@ int main(int argc, char **argv)
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int packed = has_suffix_file(path, "manifest.json", "experts.idx");
-    if (!packed) {
-        /* packed data files without a manifest: an unfinished conversion */
-        char p[4400];
-        snprintf(p, sizeof p, "%s/trunk-0000.k3t", path);
-        packed = access(p, F_OK) == 0 || has_suffix_file(path, ".k3-convert-journal", NULL);
-    }
+    /* packed data files without a manifest (an unfinished conversion) are
+     * checked as a packed model: the missing manifest is the problem */
+    int packed = kind == K3_DIR_PACKED || kind == K3_DIR_PACKED_PARTIAL;
     if (info) {
         int irc = k3_vfy_info(path, packed, json, stdout, &e);
         k3_vfy_sums_free(&v);

@@ -29,11 +29,16 @@ void k3_vfy_problem(k3_vfy *v, const char *file, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* a library message that starts with the very path reported: once is enough */
+    char where[4400];
+    snprintf(where, sizeof where, "%s%s%s: ", v->dir, file ? "/" : "", file ? file : "");
+    size_t wl = strlen(where);
+    if (!strncmp(msg, where, wl))
+        memmove(msg, msg + wl, strlen(msg + wl) + 1);
     pthread_mutex_lock(&v->mu);
     v->problems++;
     if (v->jproblems) {
-        char where[4400];
-        snprintf(where, sizeof where, "%s%s%s", v->dir, file ? "/" : "", file ? file : "");
+        where[wl - 2] = '\0';
         char *w = k3_json_utf8_dup(where), *mm = k3_json_utf8_dup(msg);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "path", w ? w : "");
