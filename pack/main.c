@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "k3_cli.h"
 #include "k3_err.h"
@@ -57,6 +58,7 @@ static void usage(FILE *f)
             "  --force             replace DST, or an interrupted repack's temporary\n"
             "  --json              print a JSON summary on stdout\n"
             "  --quiet             no progress on stderr\n"
+            "  --progress          progress on stderr even when it is not a terminal\n"
             "  --version           the version and the kernel and CRC paths in use\n"
             "  -h, --help          this help\n"
             "\n"
@@ -81,7 +83,7 @@ int main(int argc, char **argv)
     k3_out_init("k3-pack");
     k3_pack_opts o;
     k3_pack_opts_init(&o);
-    int json = 0, plan_only = 0, rc = 0;
+    int json = 0, plan_only = 0, rc = 0, progress = 0;
     const char *pos[2], *pin_arg = NULL;
     int npos = 0;
     char msg[512];
@@ -159,6 +161,8 @@ int main(int argc, char **argv)
             o.resume = 1;
         } else if (!strcmp(a, "--force")) {
             o.force = 1;
+        } else if (!strcmp(a, "--progress")) {
+            progress = 1;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--quiet")) {
@@ -176,7 +180,8 @@ int main(int argc, char **argv)
         return die(K3_EARG, plan_only ? "--plan takes SRC only (see --help)" : "need SRC and DST (see --help)");
     if (o.resume && o.force)
         return die(K3_EARG, "--resume and --force exclude each other");
-    o.progress = o.quiet || json ? NULL : stderr;
+    /* the per-file progress lines: on a terminal, or when asked */
+    o.progress = o.quiet || json || (!progress && !isatty(STDERR_FILENO)) ? NULL : stderr;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;

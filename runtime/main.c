@@ -93,7 +93,8 @@ static void usage(FILE *f)
             "Sampling: temperature, then top-k, then top-p over the sorted distribution, then one\n"
             "uniform draw (xoshiro256** seeded by splitmix64(seed)) through the inverse CDF.\n"
             "\n"
-            "Exit: 0 ok, 2 usage, 3 bad format, 4 I/O error, 5 corrupt, 6 limit/memory,\n"
+            "Exit: 0 ok, 2 usage, 3 bad format, 4 I/O error, 5 corrupt, 6 limit/memory (a plan\n"
+            "over the memory available: K3_MEM_AVAILABLE=BYTES overrides it), 8 disk full,\n"
             "9 internal error, 130 interrupted.\n");
 }
 
