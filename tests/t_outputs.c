@@ -168,7 +168,7 @@ K3_TEST(outputs_on_a_small_disk_exit_8_and_leave_nothing_complete)
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth %s --preset tiny --seed 1 --quiet --no-tokenizer", bare), 0);
     snprintf(c, sizeof c, "k3-run %s --ids 1 --gen 3000 > out.txt; r=$?; rm out.txt; exit $r", bare);
     on_small_disk(mnt, 4, c, "k3-run", NULL);
-    snprintf(c, sizeof c, "k3-run %s --ids 1 --gen 3000 --json > out.json; r=$?; rm out.json; exit $r", up);
+    snprintf(c, sizeof c, "k3-run %s --ids 1 --gen 3000 --json > out.json; r=$?; rm out.json; exit $r", bare);
     on_small_disk(mnt, 4, c, "k3-run", NULL);
 }
 
