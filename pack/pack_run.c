@@ -65,12 +65,19 @@ static int check_stop(k3_err *e)
  * temporary is half written), "file" after output file N is published but
  * before its journal entry, "journaled" after its journal entry, "manifest"
  * after manifest.json is in the temporary directory, "renaming" after the
- * journal is removed, before the rename (N ignored for both). */
+ * journal is removed, before the rename (N ignored for both).
+ * "interrupt:N" raises SIGINT instead, as Ctrl-C would, after trunk piece N. */
 static void crash_point(const char *stage, uint32_t n)
 {
     const char *v = getenv("K3_PACK_CRASH");
     if (!v)
         return;
+    if (!strncmp(v, "interrupt:", 10)) {   /* "interrupt:N": SIGINT, as Ctrl-C, after trunk piece N */
+        char *e2;
+        if (!strcmp(stage, "trunk") && strtoul(v + 10, &e2, 10) == n && !*e2)
+            raise(SIGINT);
+        return;
+    }
     size_t l = strlen(stage);
     if (strncmp(v, stage, l) || v[l] != ':')
         return;

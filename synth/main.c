@@ -7,6 +7,8 @@
 #include "synth.h"
 
 #include "k3_cli.h"
+#include "k3_json.h"
+#include "k3_out.h"
 #include "k3_kern.h"
 
 #include <cjson/cJSON.h>
@@ -80,6 +82,7 @@ static int die(int status, const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
+    k3_out_failed();
     return status;
 }
 
@@ -113,6 +116,7 @@ static int parse_size(const char *s, uint64_t *out)
 
 int main(int argc, char **argv)
 {
+    k3_out_init("k3-synth");
     const char *dst = NULL, *preset = NULL, *experts = "mxfp4", *form = NULL, *vectors = NULL, *alog = "heads", *trunk = NULL;
     uint64_t layers = 0, vocab = 0, seed = 1, shard = 0, threads = 0, chunk = 0;
     int vision = 0;
@@ -278,7 +282,9 @@ int main(int argc, char **argv)
     }
     if (json) {
         cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "dst", d);
+        char *u = k3_json_utf8_dup(d);   /* valid UTF-8 whatever the path (k3_json.h) */
+        cJSON_AddStringToObject(j, "dst", u ? u : "");
+        free(u);
         cJSON_AddStringToObject(j, "preset", o.m.preset);
         cJSON_AddNumberToObject(j, "seed", (double)seed);
         cJSON_AddNumberToObject(j, "tensors", (double)r.tensors);
