@@ -270,8 +270,10 @@ int k3_dest_clear(const k3_dest_tool *t, const char *dir, int temporary, int rem
 static int real_path_of(const char *p, char *out, size_t cap, k3_err *e)
 {
     char buf[PATH_MAX];
-    if (snprintf(buf, sizeof buf, "%s", p) >= (int)sizeof buf || !*buf)
-        return k3_err_set(e, K3_EARG, "%s: path empty or too long", p);
+    if (!*p)
+        return k3_err_set(e, K3_EARG, "DST is an empty path");
+    if (snprintf(buf, sizeof buf, "%s", p) >= (int)sizeof buf)
+        return k3_err_set(e, K3_ELIMIT, "%.200s...: path too long", p);
     size_t n = strlen(buf);
     while (n > 1 && buf[n - 1] == '/')
         buf[--n] = 0;
@@ -288,6 +290,8 @@ static int real_path_of(const char *p, char *out, size_t cap, k3_err *e)
         free(r);
         return ok ? 0 : k3_err_set(e, K3_ELIMIT, "%s: path too long", p);
     }
+    if (errno == ENAMETOOLONG)
+        return k3_err_set(e, K3_ELIMIT, "%.200s...: path too long", p);
     if (errno != ENOENT)
         return k3_err_sys(e, K3_EIO, errno, "%s: cannot stat", p);
     char *slash = strrchr(buf, '/');
