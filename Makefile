@@ -5,7 +5,7 @@
 #   make demo     build, then run the main job end to end on the small trained model (models/kjv-tiny)
 #   make asan     the suite under AddressSanitizer + UBSan (build-asan/)
 #   make bench    benchmarks (never part of make test)
-#   make install  PREFIX=/usr/local
+#   make install  PREFIX=/usr/local (the tools and their manual pages)
 #
 # Library sources: common/ manifests/ kernels/ (and runtime/ lib code, see
 # LIB_DIRS). Each tool folder holds main.c plus tool-only code. Modules may add
@@ -59,7 +59,7 @@ BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BIN)/bench-%)
 
 GEN_HDR =   # generated headers, appended to by module.mk files
 
-.PHONY: all test demo asan bench install clean deps
+.PHONY: all test demo asan bench install install-man clean deps
 all: $(LIB) $(TOOLS) $(TEST_BIN)
 
 -include $(sort $(wildcard */module.mk))
@@ -104,9 +104,16 @@ bench: $(BENCH_BIN)
 demo: deps all
 	./scripts/demo
 
-install: all
+MAN_PAGES = $(sort $(wildcard man/*.1))
+
+install: all install-man
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin
+
+# the manual pages alone (no build needed; tests/t_docs.c runs it)
+install-man:
+	install -d $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 644 $(MAN_PAGES) $(DESTDIR)$(PREFIX)/share/man/man1
 
 deps:
 	./scripts/install-deps
