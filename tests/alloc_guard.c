@@ -8,6 +8,7 @@
  * Counting is one relaxed atomic add while armed, nothing otherwise.
  */
 #include <errno.h>
+#include <malloc.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -44,7 +45,10 @@ uint64_t k3t_alloc_disarm(void)
 #endif
 
 #ifdef K3T_ASAN
-#include <sanitizer/allocator_interface.h>
+/* the sanitizer runtime's hook (declared here: not every compiler installs
+ * its <sanitizer/allocator_interface.h>) */
+int __sanitizer_install_malloc_and_free_hooks(void (*m)(const volatile void *, size_t),
+                                              void (*f)(const volatile void *));
 
 static void on_malloc(const volatile void *p, size_t n)
 {
@@ -61,6 +65,8 @@ void *__libc_malloc(size_t n);
 void *__libc_calloc(size_t k, size_t n);
 void *__libc_realloc(void *p, size_t n);
 void *__libc_memalign(size_t align, size_t n);
+void *__libc_valloc(size_t n);
+void *__libc_pvalloc(size_t n);
 
 void *malloc(size_t n)
 {
@@ -84,6 +90,24 @@ void *aligned_alloc(size_t align, size_t n)
 {
     note();
     return __libc_memalign(align, n);
+}
+
+void *memalign(size_t align, size_t n)
+{
+    note();
+    return __libc_memalign(align, n);
+}
+
+void *valloc(size_t n)
+{
+    note();
+    return __libc_valloc(n);
+}
+
+void *pvalloc(size_t n)
+{
+    note();
+    return __libc_pvalloc(n);
 }
 
 int posix_memalign(void **out, size_t align, size_t n)

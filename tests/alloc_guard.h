@@ -1,7 +1,7 @@
 /*
  * alloc_guard.h - count heap allocations made while armed, by any thread:
- * the test binary interposes malloc, calloc, realloc, aligned_alloc and
- * posix_memalign (forwarding to the C library), or under AddressSanitizer
+ * the test binary interposes malloc, calloc, realloc, memalign, aligned_alloc,
+ * posix_memalign, valloc and pvalloc (forwarding to the C library), or under AddressSanitizer
  * uses its allocation hook. Used to prove that a decode step never
  * allocates.
  */

@@ -4,11 +4,13 @@
  * continues bit-identically and refuses damaged bytes, a bad step entry moves
  * no sequence, and a decode step allocates nothing (alloc_guard.h).
  */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "alloc_guard.h"
 #include "k3_engine.h"
+#include "k3_model.h"
 #include "k3_test.h"
 
 #define NDEC 6
@@ -307,4 +309,9 @@ K3_TEST(engine_decode_step_allocates_nothing)
     CHECK_EQ_U64(decode_allocs(model(1), NULL), 0);
     CHECK_EQ_U64(decode_allocs(model(1), "floor"), 0);
     CHECK_EQ_U64(decode_allocs(model(1), "resident"), 0);
+    /* every loop on the threads, then one thread only */
+    k3_model_set_parallel_threshold(0);
+    CHECK_EQ_U64(decode_allocs(model(1), NULL), 0);
+    omp_set_num_threads(1);
+    CHECK_EQ_U64(decode_allocs(model(1), "floor"), 0);
 }
