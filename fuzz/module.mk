@@ -20,8 +20,8 @@ FUZZ_NEEDS_st_header = common/st.c
 FUZZ_NEEDS_st_index  = common/st.c
 FUZZ_NEEDS_cfg       = common/cfg.c
 FUZZ_NEEDS_manifest  = manifests/man.c manifests/pk.c common/cfg.c
-FUZZ_NEEDS_tok       = runtime/tok.c
-FUZZ_NEEDS_tok_text  = runtime/tok.c
+FUZZ_NEEDS_tok       = engine/tok.c
+FUZZ_NEEDS_tok_text  = engine/tok.c
 FUZZ_NEEDS_ids       = runtime/main.c
 FUZZ_NEEDS_trace     = pack/pack_trace.c
 # helper sources some targets share (fuzz/<name>.c)

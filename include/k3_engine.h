@@ -22,7 +22,7 @@
  * Numbers: a step over N sequences gives each one exactly the bits it would
  * get stepped alone, and the bits never depend on how a sequence's tokens were
  * split over steps, on the thread count, on the RAM budget or on the source
- * (packed, upstream): every reduction has one fixed order (runtime/model.c).
+ * (packed, upstream): every reduction has one fixed order (engine/model.c).
  * Today a step runs its sequences one after the other; a batched step that
  * reads each weight once per step for all of them fits behind the same call
  * (the kernels' per-output order does not depend on the token count).

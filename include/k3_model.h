@@ -12,7 +12,7 @@
  * Numbers: every token's result depends only on the token ids before it, never
  * on how the ids were split into chunks, on the thread count or on the weight
  * source: work is split only over independent outputs and every reduction has
- * one fixed order (documented in runtime/model.c).
+ * one fixed order (documented in engine/model.c).
  */
 #ifndef K3_MODEL_H
 #define K3_MODEL_H
