@@ -34,7 +34,7 @@
 #include "k3_tok.h"
 
 #define MAX_PROMPT_BYTES (64ull << 20)
-#define MAX_IDS (1u << 24)
+#define MAX_IDS K3_CLI_MAX_IDS
 
 static void usage(FILE *f)
 {
@@ -116,50 +116,6 @@ static int parse_f(const char *s, double lo, double hi, double *out)
     if (errno || *end || !(v >= lo && v <= hi))
         return -1;
     *out = v;
-    return 0;
-}
-
-/* "1,2,3" -> heap array. */
-static int parse_ids(const char *s, uint32_t **ids, uint32_t *n)
-{
-    uint32_t cap = 16, k = 0;
-    uint32_t *a = malloc(cap * sizeof *a);
-    if (!a)
-        return -1;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        if (*p < '0' || *p > '9') {
-            free(a);
-            return -1;
-        }
-        errno = 0;
-        unsigned long v = strtoul(p, &end, 10);
-        if (errno || v > UINT32_MAX || (*end && *end != ',') || k == MAX_IDS) {
-            free(a);
-            return -1;
-        }
-        if (k == cap) {
-            uint32_t *b = realloc(a, (cap *= 2) * sizeof *a);
-            if (!b) {
-                free(a);
-                return -1;
-            }
-            a = b;
-        }
-        a[k++] = (uint32_t)v;
-        p = *end ? end + 1 : end;
-        if (*end == ',' && !*p) {
-            free(a);
-            return -1;
-        }
-    }
-    if (k == 0) {
-        free(a);
-        return -1;
-    }
-    *ids = a;
-    *n = k;
     return 0;
 }
 
@@ -458,7 +414,7 @@ int main(int argc, char **argv)
             return die(rc, e.msg);
     }
     uint32_t *ids = NULL, n_ids = 0;
-    if (ids_arg && parse_ids(ids_arg, &ids, &n_ids)) {
+    if (ids_arg && k3_cli_parse_ids(ids_arg, MAX_IDS, &ids, &n_ids)) {
         free(text);
         return dief(K3_EARG, "--ids: '%s' is not a comma-separated list of token ids", ids_arg);
     }
