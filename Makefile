@@ -7,9 +7,12 @@
 #   make bench    benchmarks (never part of make test)
 #   make install  PREFIX=/usr/local (the tools and their manual pages)
 #
-# Library sources: common/ manifests/ kernels/ (and runtime/ lib code, see
-# LIB_DIRS). Each tool folder holds main.c plus tool-only code. Modules may add
-# rules in <dir>/module.mk (included below), e.g. generated tables.
+# Layout: the library libk3.a is common/ manifests/ kernels/ engine/ (LIB_DIRS);
+# each tool folder (TOOL_DIRS) holds its main.c plus code only that tool uses,
+# and a tool links its own folder and libk3.a, nothing else (check-layout
+# runs nm to keep it so). The test binary, benchmarks and fuzz targets link
+# every tool folder's code too (they test it). Modules may add rules in
+# <dir>/module.mk (included below), e.g. generated tables.
 
 CC      ?= cc
 O       ?= build
@@ -27,7 +30,7 @@ ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 $(WARN) -ffp-contract
 LDLIBS  = -lcjson -lcrypto -lz -lm -ledit
 LDFLAGS_ALL = -fopenmp -pthread $(SAN) $(LDFLAGS)
 
-LIB_DIRS  = common manifests kernels
+LIB_DIRS  = common manifests kernels engine
 TOOL_DIRS = convert pack verify synth runtime
 TOOL_NAME_convert = k3-convert
 TOOL_NAME_pack    = k3-pack
@@ -45,9 +48,11 @@ LIB_SRC  = $(sort $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_OBJ  = $(LIB_SRC:%.c=$(O)/%.o)
 LIB      = $(O)/libk3.a
 
-# tool-only objects (everything in a tool folder but main.c)
+# tool-only objects (everything in a tool folder but main.c); TOOL_OBJ_<dir>
+# are one tool's own
 TOOL_LIB_SRC = $(sort $(foreach d,$(TOOL_DIRS),$(filter-out $(d)/main.c,$(wildcard $(d)/*.c))))
 TOOL_LIB_OBJ = $(TOOL_LIB_SRC:%.c=$(O)/%.o)
+tool_obj = $(filter $(O)/$(1)/%,$(TOOL_LIB_OBJ))
 TOOLS = $(foreach d,$(TOOL_DIRS),$(if $(wildcard $(d)/main.c),$(BIN)/$(TOOL_NAME_$(d))))
 
 TEST_SRC = $(sort $(wildcard tests/*.c))
@@ -59,7 +64,7 @@ BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BIN)/bench-%)
 
 GEN_HDR =   # generated headers, appended to by module.mk files
 
-.PHONY: all test demo asan bench install install-man clean deps
+.PHONY: all test check-layout demo asan bench install install-man clean deps
 all: $(LIB) $(TOOLS) $(TEST_BIN)
 
 -include $(sort $(wildcard */module.mk))
@@ -77,9 +82,9 @@ $(LIB): $(LIB_OBJ)
 	ar rcs $@ $^
 
 define tool_rule
-$(BIN)/$(TOOL_NAME_$(1)): $(O)/$(1)/main.o $(filter $(O)/$(1)/%,$(TOOL_LIB_OBJ)) $(TOOL_LIB_OBJ) $(LIB)
+$(BIN)/$(TOOL_NAME_$(1)): $(O)/$(1)/main.o $(call tool_obj,$(1)) $(LIB)
 	@mkdir -p $(BIN)
-	$(CC) $(LDFLAGS_ALL) -o $$@ $(O)/$(1)/main.o $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS)
+	$(CC) $(LDFLAGS_ALL) -o $$@ $(O)/$(1)/main.o $(call tool_obj,$(1)) $(LIB) $(LDLIBS)
 endef
 $(foreach d,$(TOOL_DIRS),$(eval $(call tool_rule,$(d))))
 
@@ -91,8 +96,13 @@ $(BIN)/bench-%: bench/%.c $(TOOL_LIB_OBJ) $(LIB)
 	@mkdir -p $(BIN)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS_ALL) -o $@ $< $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS)
 
-test: all
+test: all check-layout
 	K3_BIN=$(BIN) ./$(TEST_BIN) $(T)
+
+# No tool holds another tool's code (nm of each binary against the others'
+# objects).
+check-layout: $(TOOLS)
+	./scripts/check-layout $(O) $(BIN) $(foreach d,$(TOOL_DIRS),$(d)=$(TOOL_NAME_$(d)))
 
 asan:
 	$(MAKE) O=build-asan BIN=build-asan/bin OPT=-O1 \

@@ -28,3 +28,46 @@ void k3_cli_print_version(const char *tool)
 {
     printf("%s %s (kernels: %s, crc32: %s)\n", tool, K3_VERSION, k3_kern_name(), k3_crc_name());
 }
+
+int k3_cli_parse_ids(const char *s, uint32_t max, uint32_t **ids, uint32_t *n)
+{
+    uint32_t cap = 16, k = 0;
+    uint32_t *a = malloc(cap * sizeof *a);
+    if (!a)
+        return -1;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        if (*p < '0' || *p > '9') {
+            free(a);
+            return -1;
+        }
+        errno = 0;
+        unsigned long v = strtoul(p, &end, 10);
+        if (errno || v > UINT32_MAX || (*end && *end != ',') || k == max) {
+            free(a);
+            return -1;
+        }
+        if (k == cap) {
+            uint32_t *b = realloc(a, (cap *= 2) * sizeof *a);
+            if (!b) {
+                free(a);
+                return -1;
+            }
+            a = b;
+        }
+        a[k++] = (uint32_t)v;
+        p = *end ? end + 1 : end;
+        if (*end == ',' && !*p) {
+            free(a);
+            return -1;
+        }
+    }
+    if (k == 0) {
+        free(a);
+        return -1;
+    }
+    *ids = a;
+    *n = k;
+    return 0;
+}

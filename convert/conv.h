@@ -19,6 +19,7 @@
 #include "k3_cfg.h"
 #include "k3_err.h"
 #include "k3_man.h"
+#include "k3_outfile.h"
 #include "k3_pk.h"
 #include "k3_st.h"
 
@@ -58,23 +59,6 @@ typedef struct k3_conv_rec {
     int32_t parts[3][K3_MAN_XP_COUNT]; /* index into plan->tensors, -1 if absent */
 } k3_conv_rec;
 
-/* An output file of a group. Extents are the data ranges (tensor pieces or
- * record strides) in offset order; regions are the CRC ranges (units or
- * records). Everything outside extents is zero. */
-typedef struct k3_conv_ext {
-    uint64_t off, len;
-} k3_conv_ext;
-
-typedef struct k3_conv_ofile {
-    char name[64];
-    uint32_t file_index;        /* index into the manifest's files */
-    uint64_t size;
-    k3_conv_ext *ext;
-    uint32_t next;              /* number of extents */
-    k3_conv_ext *regions;       /* sorted, disjoint */
-    uint32_t nregions;
-    uint32_t *region_crc;       /* filled when written (or from the journal) */
-} k3_conv_ofile;
 
 typedef struct k3_conv_group {
     uint32_t shard_first, shard_end; /* [first, end) */

@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "conv_out.h"
+#include "k3_outfile.h"
 #include "k3_crc.h"
 #include "k3_dest.h"
 #include "k3_io.h"

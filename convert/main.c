@@ -1,6 +1,6 @@
 /*
  * k3-convert - upstream safetensors checkpoint -> packed model directory
- * (manifests/FORMAT.md). The work is in conv_plan.c, conv_run.c, conv_out.c;
+ * (manifests/FORMAT.md). The work is in conv_plan.c, conv_run.c (output files: common/outfile.c);
  * this file parses the command line, installs the interrupt handler and
  * prints the summary.
  */

@@ -1,13 +1,10 @@
 /*
- * fz_ids.c - k3-run's --ids argument ("1,2,3"), parsed by parse_ids in
- * runtime/main.c.
- *
- * parse_ids is private to k3-run's main.c, so this target compiles that file
- * in with its main renamed (nothing of it runs but parse_ids). Input: the
- * argument's bytes up to the first NUL (argv strings cannot hold one).
+ * fz_ids.c - k3-run's --ids argument ("1,2,3"), parsed by k3_cli_parse_ids
+ * (common/cli.c). Input: the argument's bytes up to the first NUL (argv
+ * strings cannot hold one).
  * Oracle: an independent reading of the grammar the help text documents -
  * one or more decimal ids, each at most 2^32-1, separated by single commas,
- * nothing else, at most MAX_IDS of them - must agree with parse_ids on
+ * nothing else, at most MAX_IDS of them - must agree with k3_cli_parse_ids on
  * accept/reject and on every value.
  */
 #include "k3_fuzz.h"
@@ -15,10 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-int k3_fuzz_run_main(int argc, char **argv);
-#define main k3_fuzz_run_main
-#include "../runtime/main.c"
-#undef main
+#include "k3_cli.h"
+
+#define MAX_IDS K3_CLI_MAX_IDS
 
 /* The grammar, written out: returns the number of ids, or -1. */
 static int64_t reference_parse(const char *s, uint32_t *out, uint64_t cap)
@@ -57,7 +53,7 @@ K3_FUZZ_TARGET(ids)
     s[size] = '\0';
     int64_t n_want = reference_parse(s, want, size / 2 + 1);
     uint32_t *ids = NULL, n = 0;
-    int rc = parse_ids(s, &ids, &n);
+    int rc = k3_cli_parse_ids(s, MAX_IDS, &ids, &n);
     if ((rc == 0) != (n_want >= 0))
         k3_fuzz_fail("parse_ids %s \"%.80s\", the grammar %s it", rc == 0 ? "accepts" : "rejects", s,
                      n_want >= 0 ? "accepts" : "rejects");

@@ -13,30 +13,16 @@
 #        (fuzz/pending/README.md); expected to fail until they are, then the
 #        input moves to fuzz/corpus/<name>/.
 #
-# A target is built only once the parser it exercises exists (FUZZ_NEEDS_*),
-# so this folder never breaks the build of a tree that lacks a module.
+# Every fuzz/fz_<name>.c is built, always: a target that no longer compiles
+# breaks the build, and the replay test fails when a corpus folder has no
+# target (tests/t_fuzz_regress.c), so no target can drop out silently.
 
-FUZZ_NEEDS_st_header = common/st.c
-FUZZ_NEEDS_st_index  = common/st.c
-FUZZ_NEEDS_cfg       = common/cfg.c
-FUZZ_NEEDS_manifest  = manifests/man.c manifests/pk.c common/cfg.c
-FUZZ_NEEDS_tok       = runtime/tok.c
-FUZZ_NEEDS_tok_text  = runtime/tok.c
-FUZZ_NEEDS_ids       = runtime/main.c
-FUZZ_NEEDS_trace     = pack/pack_trace.c
 # helper sources some targets share (fuzz/<name>.c)
 FUZZ_EXTRA_tok       = tok_check
 FUZZ_EXTRA_tok_text  = tok_check
 
-# fz_ids compiles runtime/main.c in to reach its private parse_ids: build it
-# only while that function keeps the signature the target was written for,
-# so a change there drops the target instead of breaking everyone's build.
-FUZZ_GREP_ids = static int parse_ids(const char \*s, uint32_t \*\*ids, uint32_t \*n)
-
 FUZZ_ALL := $(patsubst fuzz/fz_%.c,%,$(sort $(wildcard fuzz/fz_*.c)))
-fuzz_grep_ok = $(if $(FUZZ_GREP_$(1)),$(shell grep -qs '$(FUZZ_GREP_$(1))' $(FUZZ_NEEDS_$(1)) && echo y),y)
-fuzz_ready = $(if $(filter-out $(wildcard $(FUZZ_NEEDS_$(1))),$(FUZZ_NEEDS_$(1))),,$(if $(call fuzz_grep_ok,$(1)),$(1)))
-FUZZ_READY := $(foreach t,$(FUZZ_ALL),$(call fuzz_ready,$(t)))
+FUZZ_READY := $(FUZZ_ALL)
 FUZZ_TARGETS ?= $(FUZZ_READY)
 FUZZ_SECONDS ?= 60
 

@@ -20,7 +20,7 @@
  * Trunk bytes are copied piece by piece from the source (read once, O_DIRECT
  * where the filesystem allows; every source unit CRC-checked as it streams
  * past, before the new trunk file is published) into the new trunk file through the
- * k3-convert output writer (convert/conv_out.c: hashes and unit CRCs computed
+ * k3-convert output writer (common/outfile.c: hashes and unit CRCs computed
  * while writing, zero blocks left as holes). Expert files that do not change
  * are hard-linked, else reflinked (FICLONE), else copied; reordered expert
  * records are read CRC-checked and written in their new order.
@@ -43,7 +43,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "../convert/conv_out.h"
+#include "k3_outfile.h"
 #include "k3_crc.h"
 #include "k3_io.h"
 #include "k3_journal.h"

@@ -1,6 +1,6 @@
 /*
  * pack_trace.c - read the expert trace k3-run --ram --trace FILE writes
- * (runtime/ws_stream.c): a '#' comment line, then one line per expert
+ * (engine/ws_stream.c): a '#' comment line, then one line per expert
  * request "FORWARD LAYER EXPERT H|M" (FORWARD: passes through layer 0 so
  * far, LAYER: the absolute layer index, H/M: hit or miss of the cache at the
  * request). k3-pack only counts requests per (layer, expert); hits and

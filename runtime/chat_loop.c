@@ -43,7 +43,6 @@
 #include "k3_stream.h"
 #include "k3_tok.h"
 #include "k3_ws.h"
-#include "model_int.h"
 
 #define INPUT_MAX (1u << 20)   /* bytes of one user line (LIMITS.md) */
 
@@ -101,14 +100,8 @@ typedef struct backend {
 /* dst = src (same model and max_ctx): the state the next token depends on. */
 static void sess_copy(k3_sess *dst, const k3_sess *src)
 {
-    const k3_dims *d = &src->m->d;
-    memcpy(dst->kda_state, src->kda_state, (uint64_t)d->n_kda * d->H * d->D * d->D * sizeof(float));
-    memcpy(dst->conv_hist, src->conv_hist, (uint64_t)d->n_kda * 3 * (d->CW - 1) * d->P * sizeof(float));
-    const uint64_t lat = (uint64_t)d->KVL + d->ROPE;
-    for (uint32_t l = 0; l < d->n_mla; l++)
-        memcpy(dst->mla_cache + (uint64_t)l * dst->max_ctx * lat, src->mla_cache + (uint64_t)l * src->max_ctx * lat,
-               (uint64_t)src->pos * lat * sizeof(float));
-    dst->pos = src->pos;
+    k3_err e = {0};
+    k3_sess_copy(dst, src, &e);   /* cannot fail: same model, same max_ctx */
 }
 
 static int backend_open(backend *b, const chat_args *a, k3_err *e)

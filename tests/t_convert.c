@@ -365,7 +365,7 @@ K3_TEST(convert_names_a_missing_trunk_tensor)
 #include <openssl/evp.h>
 #include <zlib.h>
 
-#include "../convert/conv_out.h"
+#include "k3_outfile.h"
 
 K3_TEST(convert_writer_hashes_out_of_order_writes_as_the_final_file)
 {

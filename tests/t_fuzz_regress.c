@@ -158,3 +158,47 @@ void k3_fuzz_register(const char *name, k3_fuzz_fn fn)
              name);
     k3t_register(targets[i].test_name, __FILE__, trampolines[i], 120);
 }
+
+static int registered(const char *name)
+{
+    for (int i = 0; i < ntargets; i++)
+        if (!strcmp(targets[i].name, name))
+            return 1;
+    return 0;
+}
+
+/* No target may drop out silently: every fuzz/fz_<name>.c and every
+ * fuzz/corpus/<name>/ has its target in this binary. */
+K3_TEST(fuzz_every_target_is_built_and_has_a_corpus)
+{
+    const char *sub[2] = {"fuzz", "fuzz/corpus"};
+    int seen = 0;
+    for (int k = 0; k < 2; k++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/%s", k3t_root(), sub[k]);
+        DIR *d = opendir(dir);
+        CHECK(d != NULL);
+        if (!d)
+            return;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            char name[256];
+            size_t n = strlen(de->d_name);
+            if (k == 0) {
+                if (strncmp(de->d_name, "fz_", 3) || n < 6 || strcmp(de->d_name + n - 2, ".c"))
+                    continue;
+                snprintf(name, sizeof name, "%.*s", (int)(n - 5), de->d_name + 3);
+            } else {
+                if (de->d_name[0] == '.')
+                    continue;
+                snprintf(name, sizeof name, "%s", de->d_name);
+            }
+            seen++;
+            if (!registered(name))
+                k3t_fail(__FILE__, __LINE__, "%s/%s: no fuzz target \"%s\" in the test binary", sub[k], de->d_name,
+                         name);
+        }
+        closedir(d);
+    }
+    CHECK(seen >= 2 * ntargets);
+}

@@ -7,7 +7,7 @@
  *           (max |got - ref| / max |ref| per position), argmax identical,
  *           on three checkpoints (seeds 1, 4 and 7: seed 4 is the one whose
  *           worst position sat at 1.7e-4 before the KDA arithmetic went to
- *           double; see runtime/kda.c);
+ *           double; see engine/kda.c);
  *   Gate 2: 32 greedy tokens identical to the reference's;
  *   Gate 3: decoding token by token gives bit-identical logits to
  *           recomputing the whole prefix (library level, same checkpoint);

@@ -11,7 +11,7 @@
 
 #include "k3_test.h"
 #include "k3_tok.h"
-#include "../runtime/tok_int.h"
+#include "../engine/tok_int.h"
 
 static char *slurp(const char *path, size_t *n);
 

@@ -1,5 +1,5 @@
 /*
- * tok_int.h - what the tokenizer's files share (runtime/tok.c and tok_*.c) and what the
+ * tok_int.h - what the tokenizer's files share (engine/tok.c and tok_*.c) and what the
  * tests reach below the public API: UTF-8 decoding by Unicode Table 3-7, the
  * character classes, and the two rank-merge implementations.
  */

@@ -1,5 +1,7 @@
 /*
- * conv_out.h - an output file of k3-convert being written (conv_out.c).
+ * k3_outfile.h - an output file of k3-convert or k3-pack being written
+ * (common/outfile.c): extents written in any order, hashed front to back,
+ * published by rename.
  *
  * Usage: k3_conv_w_open (creates "<dir>/<name>.tmp" at its final size), any
  * number of k3_conv_w_write / k3_conv_w_write_zeros (each extent written
@@ -14,14 +16,32 @@
  * past the state's frontier are zeroed: they are written again), so the
  * finished file is byte- and hash-identical to an uninterrupted write.
  */
-#ifndef K3_CONV_OUT_H
-#define K3_CONV_OUT_H
+#ifndef K3_OUTFILE_H
+#define K3_OUTFILE_H
 
 #include <cjson/cJSON.h>
 #include <openssl/sha.h>
 #include <stdint.h>
 
-#include "conv.h"
+#include "k3_err.h"
+
+/* An output file (of a k3-convert group, or of k3-pack). Extents are the data ranges (tensor pieces or
+ * record strides) in offset order; regions are the CRC ranges (units or
+ * records). Everything outside extents is zero. */
+typedef struct k3_conv_ext {
+    uint64_t off, len;
+} k3_conv_ext;
+
+typedef struct k3_conv_ofile {
+    char name[64];
+    uint32_t file_index;        /* index into the manifest's files */
+    uint64_t size;
+    k3_conv_ext *ext;
+    uint32_t next;              /* number of extents */
+    k3_conv_ext *regions;       /* sorted, disjoint */
+    uint32_t nregions;
+    uint32_t *region_crc;       /* filled when written (or from the journal) */
+} k3_conv_ofile;
 
 typedef struct k3_conv_w {
     k3_conv_ofile *of;

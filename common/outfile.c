@@ -1,5 +1,5 @@
 /*
- * conv_out.c - one output file of k3-convert: written at planned offsets into
+ * outfile.c - one output file of k3-convert or k3-pack: written at planned offsets into
  * "<name>.tmp", hashed (SHA-256 of the whole file, CRC32 of each region) in
  * offset order while it is written, zero blocks left as holes.
  *
@@ -10,7 +10,7 @@
  * when the frontier reaches it (never in the usual stream order), gaps
  * between extents are zeros by construction.
  */
-#include "conv_out.h"
+#include "k3_outfile.h"
 
 /* The SHA256_* calls are deprecated in OpenSSL 3 but kept: their context is a
  * plain struct, the one way to carry a hash across a process (a checkpoint);

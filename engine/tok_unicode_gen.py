@@ -89,7 +89,7 @@ for hi in range(N_CP >> 8):
 
 o = []
 o.append("/* k3_unicode_tables.h - character classes for the tokenizer, written at build")
-o.append(" * time by runtime/tok_unicode_gen.py from the Unicode Character Database")
+o.append(" * time by engine/tok_unicode_gen.py from the Unicode Character Database")
 o.append(" * (UnicodeData.txt, Scripts.txt, PropList.txt, CaseFolding.txt). Do not edit. */")
 o.append("#ifndef K3_UNICODE_TABLES_H")
 o.append("#define K3_UNICODE_TABLES_H")
