@@ -71,7 +71,7 @@ static int is_mla(int l)
     return (l + 1) % 4 == 0 || l == 92;
 }
 
-/* K3's tensor list (SPEC §2), padded to exactly 497,220 with extra vectors. */
+/* K3's tensor list (docs/MODEL.md §2.3), padded to exactly 497,220 with extra vectors. */
 static void make_names(void)
 {
     const uint64_t E = 7168, V = 163840, P = 96 * 128, D = 128, I = 3072, L = 3584, NE = EXPERTS;

@@ -1,6 +1,6 @@
 /*
  * fz_tok_text.c - text through a fixed tokenizer: the pre-tokenizer (a hand
- * written matcher of the SPEC §5 pattern), rank BPE, special-token matching,
+ * written matcher of the docs/MODEL.md §5 pattern), rank BPE, special-token matching,
  * decode and the streaming decoder. This is what a prompt file or --prompt
  * goes through.
  *

@@ -1,5 +1,5 @@
 /*
- * k3_cfg.h - the model configuration (SPEC §1.1) and its layer map (§1.2).
+ * k3_cfg.h - the model configuration (docs/MODEL.md §1.1) and its layer map (§1.2).
  *
  * k3_cfg_parse reads an upstream config.json in either shape and reports
  * every missing required field in one message. Where fields are looked for:

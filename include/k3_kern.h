@@ -84,7 +84,7 @@ float k3_tanhf(float x);
 void k3_bf16_to_f32_n(const uint16_t *src, float *dst, uint64_t n);
 void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n);
 
-/* Quantize n floats (n a multiple of 32) to MXFP4 by the SPEC §2 rule:
+/* Quantize n floats (n a multiple of 32) to MXFP4 by the docs/MODEL.md §2.6 rule:
  * packed gets n/2 bytes, scales n/32 bytes. Per group of 32: amax = max |x|
  * (NaN ignored, inf as FLT_MAX); amax 0 gives scale byte 0 and zero nibbles;
  * else e = floor(log2 amax) - 2 clamped to [-127, 127], scale byte e + 127,

@@ -1,7 +1,7 @@
 /*
  * k3_man.h - the manifest of a packed model (manifests/FORMAT.md) as a data
  * structure: parse + validate, serialise, the experts.idx table, the expert
- * record layout, and the list of tensors a config expects (SPEC §2).
+ * record layout, and the list of tensors a config expects (docs/MODEL.md §2.3).
  *
  * k3_pk (the read API) is built on this; k3-convert fills a k3_man and
  * serialises it; k3-verify parses it and checks the files against it.
@@ -97,7 +97,7 @@ int k3_man_unhex(const char *s, uint8_t sha[32]);   /* 0 or -1 */
 char *k3_man_seal(const char *body, size_t len, size_t *out_len);
 const char *k3_man_unseal(const char *txt, uint64_t len, size_t *body_len);
 
-/* ---- what a config expects (SPEC §2) ---------------------------------- */
+/* ---- what a config expects (docs/MODEL.md §2.3) ---------------------------------- */
 
 #define K3_MAN_PREFIX "language_model.model."
 #define K3_MAN_HEAD_NAME "language_model.lm_head.weight"

@@ -1,5 +1,5 @@
 /*
- * k3_model.h - the Kimi K3 forward pass (SPEC §1) over a weight source.
+ * k3_model.h - the Kimi K3 forward pass (docs/MODEL.md §1) over a weight source.
  *
  * A k3_model holds the dimensions, the scratch for one chunk of up to
  * max_chunk tokens (sized at open: the decode loop never allocates) and a

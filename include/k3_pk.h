@@ -17,7 +17,7 @@
  * One expert record (offsets from the record start, each section 64-aligned):
  *   W1 packed [I][L/2] | W1 scales [I][L/32] | W3 packed [I][L/2] |
  *   W3 scales [I][L/32] | W2 packed [L][I/2] | W2 scales [L][I/32] | zero pad
- * Packed bytes and scales are exactly the OCP MXFP4 bytes of SPEC §2 (low
+ * Packed bytes and scales are exactly the OCP MXFP4 bytes of docs/MODEL.md §2.5 (low
  * nibble = even element), i.e. what k3_gemm_mx takes. CRC32 (zlib) of a
  * record covers the whole stride (padding included); CRC32 of a unit covers
  * its nbytes (padding included).

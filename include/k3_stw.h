@@ -1,7 +1,7 @@
 /*
  * k3_stw.h - a streaming safetensors shard writer.
  *
- * Byte layout of what it writes (the safetensors format, SPEC §2):
+ * Byte layout of what it writes (the safetensors format, docs/MODEL.md §2.2):
  *   [0, 8)        u64 little-endian N
  *   [8, 8+N)      JSON: {"__metadata__":{"format":"pt"[, key: value...]},
  *                        "NAME":{"dtype":"BF16","shape":[r,c],"data_offsets":[b,e]}, ...}

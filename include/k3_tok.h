@@ -1,5 +1,5 @@
 /*
- * k3_tok.h - the k3 tokenizer: byte-level BPE in the tiktoken format (SPEC §5).
+ * k3_tok.h - the k3 tokenizer: byte-level BPE in the tiktoken format (docs/MODEL.md §5).
  *
  * Files (both read whole, both treated as hostile):
  *   tiktoken.model         one line per token, "base64(bytes) SP rank LF"; line i
@@ -11,7 +11,7 @@
  *                          decodes to an error). "eos_token" / "bos_token" may be
  *                          a string or {"content": "..."}.
  *
- * Encoding: text is split by the pre-tokenization pattern of SPEC §5 (a hand
+ * Encoding: text is split by the pre-tokenization pattern of docs/MODEL.md §5 (a hand
  * written matcher with regex leftmost-first semantics), then each piece is
  * merged by rank (the adjacent pair whose concatenation has the lowest rank,
  * leftmost on ties) exactly as tiktoken does.

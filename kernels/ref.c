@@ -236,7 +236,7 @@ static uint8_t e2m1_code(double a)
 }
 
 /*
- * The rule (SPEC §2), per group of 32 consecutive values:
+ * The rule (docs/MODEL.md §2.6), per group of 32 consecutive values:
  *   amax = the largest |x| (NaN ignored; inf counts as FLT_MAX);
  *   amax == 0 (or only NaN): scale byte 0 and all nibbles 0;
  *   else e = floor(log2(amax)) - 2, clamped to [-127, 127]; scale byte e+127;

@@ -1,5 +1,5 @@
 /*
- * expect.c - the trunk tensors a config implies (SPEC §2 names and §1
+ * expect.c - the trunk tensors a config implies (docs/MODEL.md §2.3 names and §1.4
  * shapes) and the parser of routed-expert tensor names.
  *
  * Matrices are checked shape for shape; vectors by element count only (an

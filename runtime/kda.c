@@ -1,5 +1,5 @@
 /*
- * kda.c - the Kimi Delta Attention layer (SPEC §1.4) over a chunk of tokens.
+ * kda.c - the Kimi Delta Attention layer (docs/MODEL.md §1.4) over a chunk of tokens.
  *
  * Projections are applied to the whole chunk at once; the short causal conv
  * and the delta-rule recurrence then run token by token, in position order,

@@ -1,5 +1,5 @@
 /*
- * mla.c - gated multi-head latent attention, NoPE (SPEC §1.4), over a chunk.
+ * mla.c - gated multi-head latent attention, NoPE (docs/MODEL.md §1.4), over a chunk.
  *
  * Cache: per position only the latent after kv_a_layernorm (kv_lora floats)
  * and the shared rope key (rope floats). k/v are never expanded per position:

@@ -1,5 +1,5 @@
 /*
- * model.c - the forward pass driver (SPEC §1.4): open/validate, scratch, the
+ * model.c - the forward pass driver (docs/MODEL.md §1.4): open/validate, scratch, the
  * attention-residual stack, norms, the head; layer parts live in kda.c,
  * mla.c and moe.c.
  *

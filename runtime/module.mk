@@ -1,6 +1,6 @@
 # runtime/module.mk - generated tables of the runtime.
 #
-# k3_unicode_tables.h: the tokenizer's character classes (SPEC section 5), written
+# k3_unicode_tables.h: the tokenizer's character classes (docs/MODEL.md §5), written
 # from Debian's unicode-data package (scripts/install-deps installs it).
 UCD_DIR ?= /usr/share/unicode
 UCD_FILES = $(UCD_DIR)/UnicodeData.txt $(UCD_DIR)/Scripts.txt $(UCD_DIR)/PropList.txt \

@@ -1,6 +1,6 @@
 /*
  * moe.c - the MLP half of a layer: the dense SiTU-GLU MLP and the LatentMoE
- * (SPEC §1.4) over a chunk of tokens.
+ * (docs/MODEL.md §1.4) over a chunk of tokens.
  *
  * Routing: independent sigmoids; top-k by (score + correction bias), the bias
  * only selects, ties go to the lower expert index; weights are the raw

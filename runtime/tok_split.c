@@ -1,5 +1,5 @@
 /*
- * tok_split.c - pre-tokenization: the pattern of SPEC section 5, matched by
+ * tok_split.c - pre-tokenization: the pattern of docs/MODEL.md §5, matched by
  * hand with the semantics of a backtracking regex engine (alternatives tried
  * in order, the first that matches at a position wins; greedy quantifiers
  * give back characters only as far as the rest of their alternative needs):

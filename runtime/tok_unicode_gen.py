@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # tok_unicode_gen.py - writes k3_unicode_tables.h, the character classes the
-# tokenizer's pre-tokenization pattern needs (SPEC section 5), from the
+# tokenizer's pre-tokenization pattern needs (docs/MODEL.md §5), from the
 # Unicode Character Database files of Debian's unicode-data package:
 #   UnicodeData.txt  general categories (L*, M*, N*), including First/Last ranges
 #   Scripts.txt      Script=Han (the Script property, not Script_Extensions)

@@ -1,6 +1,6 @@
 /*
  * main.c - k3-synth: write a synthetic checkpoint in the upstream format
- * (SPEC §2, §7) from a seed. Options are parsed strictly (full consumption,
+ * (docs/MODEL.md §2, §7) from a seed. Options are parsed strictly (full consumption,
  * range checks); errors are one line "k3-synth: error: ..." and a documented
  * exit status; the result summary goes to stdout, progress to stderr.
  */

@@ -1,6 +1,6 @@
 /*
  * synth.h - k3-synth internals: model presets, the tensor list of an upstream
- * checkpoint (SPEC §2), the counter-based weight generator, the small BPE
+ * checkpoint (docs/MODEL.md §2), the counter-based weight generator, the small BPE
  * vocabulary, and the checkpoint writer that ties them together.
  *
  * Invariants: everything written is a pure function of the options (seed,

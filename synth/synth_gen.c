@@ -1,6 +1,6 @@
 /*
  * synth_gen.c - the weights: a counter-based generator and the scales that
- * keep the model numerically alive (SPEC §7).
+ * keep the model numerically alive (docs/MODEL.md §7).
  *
  * Generator: each tensor has a 64-bit key (FNV-1a of its name, mixed with the
  * seed). Word j of its stream is mix(key + (j+1)·φ) with mix the splitmix64

@@ -1,6 +1,6 @@
 /*
  * synth_model.c - presets, the tensor list of an upstream checkpoint (names,
- * shapes and dtypes per SPEC §2) and config.json in the flat or nested form.
+ * shapes and dtypes per docs/MODEL.md §2) and config.json in the flat or nested form.
  *
  * Invariant: the tensor list is a pure function of the options; its order is
  * the file order (embedding, layers 0..n-1, final norm, output AttnRes, head).

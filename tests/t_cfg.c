@@ -164,7 +164,7 @@ K3_TEST(cfg_reads_the_nested_k3_config)
     CHECK(c.situ_beta == 4.0);
     CHECK(c.situ_linear_beta == 25.0);
     CHECK_EQ_INT(c.group_size, 32);
-    /* SPEC §1.2: 24 MLA layers, zero-based 3, 7, ..., 87, 91, 92 */
+    /* docs/MODEL.md §1.2: 24 MLA layers, zero-based 3, 7, ..., 87, 91, 92 */
     int mla = 0;
     for (uint32_t l = 0; l < 93; l++) {
         int expect = (l % 4 == 3) || l == 92;

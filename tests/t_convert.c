@@ -412,7 +412,7 @@ K3_TEST(convert_writer_hashes_out_of_order_writes_as_the_final_file)
 }
 
 /* F8_E4M3 experts with DeepSeek-style 128x128 block scales: the converter
- * dequantizes (f8 * scale_inv of the block) and quantizes by SPEC §2. The
+ * dequantizes (f8 * scale_inv of the block) and quantizes by docs/MODEL.md §2.6. The
  * checkpoint is written here from a BF16-expert one, experts replaced. */
 #include "k3_stw.h"
 

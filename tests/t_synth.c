@@ -694,7 +694,7 @@ K3_TEST(synth_k3_tensor_list_has_the_real_expert_size)
     k3_synth_tensor *t = NULL;
     uint64_t n = 0, expert = 0;
     CHECK_EQ_INT(k3_synth_tensors(&o, &t, &n, &e), 0);
-    /* SPEC §2 names: 497,052; the real checkpoint has 497,220 (see README) */
+    /* docs/MODEL.md §2.3 names: 497,052; the real checkpoint has 497,220 (see README) */
     CHECK_EQ_U64(n, 497052);
     for (uint64_t i = 0; i < n; i++)
         if (t[i].layer == 5 && t[i].expert == 9 && t[i].kind >= SK_EXP_W1_P)

@@ -3,7 +3,7 @@
  * special tokens only when asked, the streaming decoder on partial UTF-8,
  * the pre-tokenization pattern's edge cases, the two rank-merge paths
  * agreeing, and parity with tiktoken itself on a generated 1.2 MB corpus
- * (tests/tok/: npm's tiktoken with the o200k_base ranks and SPEC's pattern).
+ * (tests/tok/: npm's tiktoken with the o200k_base ranks and the pattern of docs/MODEL.md §5).
  */
 #include <stdarg.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""cmp_logits - the SPEC 4 logit gate on two float32 little-endian logit
+"""cmp_logits - the docs/MODEL.md §4 logit gate on two float32 little-endian logit
 files: for each position, max |got - ref| over the vocabulary divided by
 max |ref|; the worst position decides.
 

@@ -14,7 +14,7 @@ products in float32 lanes (include/k3_kern.h), which adds to it.
   /usr/bin/python3 tests/ref/f32floor.py CKPT --ids 1,2,3 [--noise A] [--noise-seed S]
       [--logits-all OUT]
 
-Prints one line "rel=<worst> at position <t>" with the SPEC 4 measure
+Prints one line "rel=<worst> at position <t>" with the docs/MODEL.md §4 measure
 (per position max|got - ref| / max|ref|, worst position) against the plain
 float64 reference computed in the same run; --logits-all writes the perturbed
 logits as float32 LE [T][V] (the cmp_logits.py layout). Several --noise-seed

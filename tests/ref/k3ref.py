@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """k3ref - an independent float64 NumPy reference of the Kimi K3 forward pass,
-written from SPEC.md sections 1 and 2 alone (no runtime code was read).
+written from the description of the model alone, docs/MODEL.md §1 and §2
+(no runtime code was read).
 
 Owns: reading config.json (nested and flat), loading the weights of an
 upstream-format checkpoint (bf16/f16/f32 widened, MXFP4 or plain routed
-experts dequantized), the forward pass of SPEC 1.4 in float64, greedy decoding,
+experts dequantized), the forward pass of docs/MODEL.md §1.4 in float64, greedy decoding,
 and the command line others compare against:
 
   /usr/bin/python3 tests/ref/k3ref.py CKPT_DIR --ids 1,2,3 [--gen N]
@@ -19,7 +20,7 @@ gates can be shown to fail.
 Invariants: every arithmetic step is float64; state carried between calls of
 Model.forward (KDA state, conv history, MLA latents) makes feeding a sequence
 in one chunk or token by token give the same numbers up to float64 rounding.
-The interpretation chosen for every point the SPEC leaves open is listed in
+The interpretation chosen for every point that needed one is listed in
 tests/ref/README.md.
 """
 
@@ -39,7 +40,7 @@ PLANTS = ("nibble_swap", "biased_combine", "no_attnres_reset", "conv_reverse")
 PFX = "language_model.model."
 HEAD = "language_model.lm_head.weight"
 
-# E2M1 code -> value; bit 3 is the sign (SPEC 2)
+# E2M1 code -> value; bit 3 is the sign (docs/MODEL.md §2.5)
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
 
 
@@ -85,7 +86,7 @@ _FIELDS = [
 
 
 class Config:
-    """The normalised config; attribute names are the SPEC's symbols."""
+    """The normalised config; attribute names are the symbols of docs/MODEL.md §1.1."""
 
     def __repr__(self):
         return "Config(%s)" % ", ".join(f"{k}={v!r}" for k, v in sorted(vars(self).items()))
@@ -329,7 +330,7 @@ def causal_conv(x, hist, w):
 
 
 def kda_recurrence(q, k, v, g, beta, S):
-    """The delta rule in SPEC order, per token t, all heads at once.
+    """The delta rule in the order of docs/MODEL.md §1.4, per token t, all heads at once.
     q,k,v,g [T][H][D]; beta [T][H]; S [H][D][D] (rows = key channels),
     updated in place. Returns o [T][H][D]."""
     T = q.shape[0]

@@ -2,9 +2,9 @@
 reference's self-tests only (the real test checkpoints come from
 `k3-synth --preset tiny`).
 
-Owns: a default mini config (every SPEC 1.1 field, a few layers, both
+Owns: a default mini config (every docs/MODEL.md §1.1 field, a few layers, both
 attention kinds, dense and MoE layers, more layers than one AttnRes block) and
-deterministic random weights named as in SPEC 2, with routed experts as MXFP4
+deterministic random weights named as in docs/MODEL.md §2.3, with routed experts as MXFP4
 or as plain BF16 holding exactly the same values.
 
 Invariant: for a given seed and config every tensor's values are the same

@@ -10,7 +10,7 @@ its size equals prod(shape) * itemsize (checked at open, before any read);
 decoding follows the format definitions written out here (BF16 by bit shift,
 F16/F8 from sign/exponent/mantissa fields), never a library's converter.
 
-Format (SPEC section 2): u64 little-endian header length N, N bytes of JSON
+Format (docs/MODEL.md §2.2): u64 little-endian header length N, N bytes of JSON
 {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}},
 then the data; offsets are relative to the start of the data.
 """

@@ -2,7 +2,7 @@
 // parity.js DIR - compares the k3 tokenizer's ids with tiktoken's own.
 // DIR holds what the C test wrote: for each NAME in the list below,
 // NAME.txt (valid UTF-8 text) and NAME.ids (the C ids, uint32 little-endian).
-// The reference is `new Tiktoken(o200k_base ranks, specials, SPEC §5 pattern)`;
+// The reference is `new Tiktoken(o200k_base ranks, specials, docs/MODEL.md §5 pattern)`;
 // "plain" is encoded as ordinary text, "special" with every special allowed.
 // "pieces" is encoded with pieces.model, a vocabulary of the 256 bytes and
 // every distinct piece k3's pre-tokenizer made: one id per k3 piece comes
