@@ -26,7 +26,7 @@ WARN    = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-u
 CFLAGS  ?= $(OPT) -g
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 $(WARN) -ffp-contract=off \
              -fno-fast-math -fopenmp -pthread -Iinclude -I$(O)/gen $(SAN) $(CFLAGS)
-LDLIBS  = -lcjson -lcrypto -lz -lm
+LDLIBS  = -lcjson -lcrypto -lz -lm -ledit
 LDFLAGS_ALL = -fopenmp -pthread $(SAN) $(LDFLAGS)
 
 LIB_DIRS  = common manifests kernels

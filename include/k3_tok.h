@@ -110,8 +110,9 @@ int k3_tok_is_special(const k3_tok *tok, uint32_t id);
 /* Id of the special whose content is exactly s (len bytes), or -1. */
 int64_t k3_tok_special_id(const k3_tok *tok, const char *s, uint64_t len);
 
-/* The ids that end generation: eos_token from the config, then "<|im_end|>" if
- * it is a special distinct from it (chat models end a turn with it). Borrowed
+/* The ids that end generation: eos_token from the config, then "<|end_of_msg|>"
+ * and "<|im_end|>" when they are specials distinct from it (chat models end a
+ * turn with them). Borrowed
  * array of *n (0..K3_TOK_MAX_EOS) ids. */
 void k3_tok_eos_ids(const k3_tok *tok, const uint32_t **ids, uint32_t *n);
 

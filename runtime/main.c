@@ -24,6 +24,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "chat_loop.h"
 #include "k3_cli.h"
 #include "k3_crc.h"
 #include "k3_err.h"
@@ -78,6 +79,9 @@ static void usage(FILE *f)
             "  --json                 one JSON object: prompt_ids, generated_ids, text, timings\n"
             "  --logits FILE          float32 LE logits of the last prompt position [V]\n"
             "  --logits-all FILE      float32 LE logits of every prompt position [T][V]\n"
+            "conversation:\n"
+            "  --chat                 talk to the model in the K3 chat format (see\n"
+            "                         k3-run --chat --help)\n"
             "tokenizer only (no weights needed):\n"
             "  --tokenize             print the ids of the prompt text and exit\n"
             "  --detokenize           print the text of --ids and exit\n"
@@ -388,6 +392,8 @@ static void passive_omp(char **argv)
 int main(int argc, char **argv)
 {
     passive_omp(argv);
+    if (k3_chat_wanted(argc, argv))
+        return k3_chat_main(argc, argv);   /* runtime/chat_loop.c */
     const char *model_dir = NULL, *prompt = NULL, *prompt_file = NULL, *ids_arg = NULL, *tok_dir = NULL;
     const char *logits_path = NULL, *logits_all_path = NULL;
     uint64_t gen = 64, chunk = 64, threads = 0, top_k = 0, seed = 0;

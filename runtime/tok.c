@@ -599,9 +599,16 @@ static int load_config(k3_tok *tok, const char *path, const uint8_t *want, k3_er
         else
             tok->bos = id;
     }
-    int64_t im_end = k3_tok_special_id(tok, "<|im_end|>", 10);
-    if (im_end >= 0 && (tok->n_eos == 0 || tok->eos[0] != (uint32_t)im_end))
-        tok->eos[tok->n_eos++] = (uint32_t)im_end;
+    /* chat models end a turn with one of these (K3: <|end_of_msg|>) */
+    static const char *const turn_end[] = {"<|end_of_msg|>", "<|im_end|>"};
+    for (unsigned k = 0; k < sizeof turn_end / sizeof turn_end[0]; k++) {
+        int64_t id = k3_tok_special_id(tok, turn_end[k], strlen(turn_end[k]));
+        int seen = id < 0;
+        for (uint32_t j = 0; j < tok->n_eos && !seen; j++)
+            seen = tok->eos[j] == (uint32_t)id;
+        if (!seen)
+            tok->eos[tok->n_eos++] = (uint32_t)id;
+    }
 out:
     cJSON_Delete(root);
     free(buf);

@@ -261,8 +261,9 @@ void k3_synth_bpe_free(unsigned char **tokens, uint32_t *lens, uint32_t count)
 
 void k3_synth_special_name(uint32_t k, char *buf, size_t cap)
 {
-    static const char *named[] = {"[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>",
-                                  "<|im_system|>", "<|im_middle|>", "<|endoftext|>"};
+    /* the K3 ids of [BOS], [EOS] and <|end_of_msg|> are ranks + 0, 1, 2; then the
+     * other control tokens of the chat format */
+    static const char *named[] = {"[BOS]", "[EOS]", "<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>"};
     if (k < sizeof named / sizeof *named)
         snprintf(buf, cap, "%s", named[k]);
     else
