@@ -285,8 +285,12 @@ int k3_io_direct_fits(int fd, int probe)
 {
     struct statx sx;
     memset(&sx, 0, sizeof sx);
-    if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN))
+    if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
+        (sx.stx_dio_mem_align || sx.stx_dio_offset_align))
         return k3_io_direct_align_fits(sx.stx_dio_mem_align, sx.stx_dio_offset_align);
+    /* 0 and 0 means no direct I/O on this file, but it also comes from
+     * emulators that pass the mask and not the fields (qemu-user 7.2): the
+     * probe read (or, without probe, the page-size rule) decides then */
     /* The kernel does not say (before Linux 6.1). Its direct I/O alignment is
      * then at most the block size, never above the page size. */
     if (k3_io_page_size() <= K3_IO_DIRECT_ALIGN)
