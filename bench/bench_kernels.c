@@ -12,7 +12,11 @@
  * reads its weights from DRAM; "hot" calls repeat one slice of rows small
  * enough to stay in each core's L2, which shows the compute ceiling.
  *
- *   bench-bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx] [--version]
+ * F32 and F16 weights (trunk tensors some exporters ship, kept as stored)
+ * run at the router shape (896 x 7168, F32 in such checkpoints) and at a
+ * KDA projection shape, next to bf16 at the same shapes.
+ *
+ *   bench-bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx|f32|f16] [--shape RxC] [--version]
  */
 #include "k3_io.h"
 #include "k3_kern.h"
@@ -217,26 +221,38 @@ static struct stream_bw stream_measure(int threads, uint64_t mib)
 
 /* ---- products ------------------------------------------------------------- */
 
+enum { W_BF16 = 0, W_MX, W_F32, W_F16 };
+static const char *const kind_name[] = {"bf16", "mxfp4", "f32", "f16"};
+static const char *const kind_opt[] = {"bf16", "mx", "f32", "f16"};
+
 struct shape {
-    int mx;
+    int mx;                 /* W_* */
     uint64_t rows, cols;
 };
 
 static const struct shape shapes[] = {
-    {0, 12288, 7168}, {0, 7168, 12288}, {0, 33792, 7168}, {0, 896, 7168},
-    {1, 3072, 3584}, {1, 3584, 3072},
+    {W_BF16, 12288, 7168}, {W_BF16, 7168, 12288}, {W_BF16, 33792, 7168}, {W_BF16, 896, 7168},
+    {W_MX, 3072, 3584}, {W_MX, 3584, 3072},
+    {W_F32, 12288, 7168}, {W_F32, 896, 7168}, {W_F16, 12288, 7168}, {W_F16, 896, 7168},
 };
+#define NSHAPES (sizeof shapes / sizeof *shapes)
 
 static uint64_t weight_bytes(const struct shape *s, uint64_t rows)
 {
-    return s->mx ? rows * s->cols / 2 + rows * s->cols / 32 : rows * s->cols * 2;
+    if (s->mx == W_MX)
+        return rows * s->cols / 2 + rows * s->cols / 32;
+    return rows * s->cols * (s->mx == W_F32 ? 4 : 2);
 }
 
 static void call(const struct shape *s, const uint8_t *w, uint64_t rows, const float *X,
                  uint32_t T, float *Y)
 {
-    if (s->mx)
+    if (s->mx == W_MX)
         k3_gemm_mx(w, w + rows * s->cols / 2, rows, s->cols, X, T, Y);
+    else if (s->mx == W_F32)
+        k3_gemm_f32((const float *)w, rows, s->cols, X, T, Y);
+    else if (s->mx == W_F16)
+        k3_gemm_f16((const uint16_t *)w, rows, s->cols, X, T, Y);
     else
         k3_gemm_bf16((const uint16_t *)w, rows, s->cols, X, T, Y);
 }
@@ -244,7 +260,7 @@ static void call(const struct shape *s, const uint8_t *w, uint64_t rows, const f
 int main(int argc, char **argv)
 {
     uint64_t runs = 7, pool_mib = 1024;
-    const char *only = NULL;
+    const char *only = NULL, *only_shape = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--version")) {
             printf("bench_kernels (kernels: %s)\n", k3_kern_name());
@@ -261,8 +277,10 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
             only = argv[++i];
+        } else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+            only_shape = argv[++i];
         } else {
-            fprintf(stderr, "usage: bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx] [--version]\n");
+            fprintf(stderr, "usage: bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx|f32|f16] [--shape RxC] [--version]\n");
             return 2;
         }
     }
@@ -298,11 +316,15 @@ int main(int argc, char **argv)
 
     static const uint32_t Ts[] = {1, 4, 16, 64};
     /* cold medians kept for the summary: [shape][threads-1][T index] */
-    double cold_wall[6][2][4] = {{{0}}}, cold_cpu[6][2][4] = {{{0}}};
+    double cold_wall[NSHAPES][2][4] = {{{0}}}, cold_cpu[NSHAPES][2][4] = {{{0}}};
     double *times = malloc(runs * sizeof *times), *cpus = malloc(runs * sizeof *cpus);
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const struct shape *s = &shapes[si];
-        if (only && strcmp(only, s->mx ? "mx" : "bf16"))
+        if (only && strcmp(only, kind_opt[s->mx]))
+            continue;
+        char sname[48];
+        snprintf(sname, sizeof sname, "%llux%llu", (unsigned long long)s->rows, (unsigned long long)s->cols);
+        if (only_shape && strcmp(only_shape, sname))
             continue;
         uint64_t bytes = weight_bytes(s, s->rows);
         uint64_t stride = (bytes + 4095) / 4096 * 4096;
@@ -320,10 +342,21 @@ int main(int argc, char **argv)
         for (uint64_t k = 0; k < copies; k++) {
             uint8_t *w = pool + k * stride;
             fill_random(w, stride, 0x1234567 + k);
-            if (s->mx) {
+            if (s->mx == W_MX) {
                 uint8_t *sc = w + s->rows * s->cols / 2;
                 for (uint64_t i = 0; i < s->rows * s->cols / 32; i++)
                     sc[i] = (uint8_t)(118 + sc[i] % 12);
+            } else if (s->mx == W_F32) {
+                float *f = (float *)w;
+                for (uint64_t i = 0; i < s->rows * s->cols; i++) {   /* finite, |x| < 2 */
+                    uint32_t u;
+                    memcpy(&u, &f[i], 4);
+                    f[i] = (float)(u >> 8) * 0x1p-23f - 1.0f;
+                }
+            } else if (s->mx == W_F16) {
+                uint16_t *h = (uint16_t *)w;
+                for (uint64_t i = 0; i < s->rows * s->cols; i++)     /* finite, |x| < 4 */
+                    h[i] = (uint16_t)((h[i] & 0x83ff) | (0x3000 + ((h[i] >> 10) & 0x3) * 0x400));
             } else {
                 uint16_t *h = (uint16_t *)w;
                 for (uint64_t i = 0; i < s->rows * s->cols; i++)     /* finite, |x| < 4 */
@@ -351,7 +384,7 @@ int main(int argc, char **argv)
                     uint32_t T = Ts[ti];
                     /* hot mode wants a contiguous slice with scales after it */
                     uint8_t *hot_w = pool;
-                    if (hot && s->mx)
+                    if (hot && s->mx == W_MX)
                         memmove(pool + rows * s->cols / 2, pool + s->rows * s->cols / 2,
                                 rows * s->cols / 32);
                     uint64_t next = 0;
@@ -373,7 +406,7 @@ int main(int argc, char **argv)
                         cold_cpu[si][th - 1][ti] = cmed;
                     }
                     printf("%-5s %-10s %-4s %2d %3u %9.3f %17s %7.1f %7.1f %5.2f %5.2f | ",
-                           s->mx ? "mxfp4" : "bf16", name, hot ? "hot" : "cold", th, T, med * 1e3,
+                           kind_name[s->mx], name, hot ? "hot" : "cold", th, T, med * 1e3,
                            mm, wb / med / 1e9, flop / med / 1e9, hot ? 0.0 : wb / med / 1e9 / bw[th].triad,
                            hot ? 0.0 : wb / med / 1e9 / bw[th].read);
                     if (th == 1)
@@ -394,12 +427,16 @@ int main(int argc, char **argv)
            "and T=64 over the time of T=1 (wall | cpu, 1 thread only)\n");
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const struct shape *s = &shapes[si];
-        if (only && strcmp(only, s->mx ? "mx" : "bf16"))
+        if (only && strcmp(only, kind_opt[s->mx]))
+            continue;
+        char sname[48];
+        snprintf(sname, sizeof sname, "%llux%llu", (unsigned long long)s->rows, (unsigned long long)s->cols);
+        if (only_shape && strcmp(only_shape, sname))
             continue;
         for (int th = 1; th <= 2; th++) {
             double wb = (double)weight_bytes(s, s->rows);
             double w1 = cold_wall[si][th - 1][0], c1 = cold_cpu[si][th - 1][0];
-            printf("%-5s %5llux%-5llu %d thread%s: ", s->mx ? "mxfp4" : "bf16",
+            printf("%-5s %5llux%-5llu %d thread%s: ", kind_name[s->mx],
                    (unsigned long long)s->rows, (unsigned long long)s->cols, th, th > 1 ? "s" : " ");
             if (th == 1)
                 printf("T=1 %.2f | %.2f of triad;  T=16 %.1fx | %.1fx;  T=64 %.1fx | %.1fx\n",

@@ -106,13 +106,17 @@ typedef struct k3_conv_plan {
     uint64_t total_input;
 } k3_conv_plan;
 
-int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, k3_err *e);
+/* trunk_bf16: round every F16/F32 trunk tensor to BF16 (k3-convert
+ * --trunk-dtype bf16, recorded in the manifest as lossy); 0 keeps every
+ * trunk tensor in its upstream dtype, bytes copied. */
+int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, int trunk_bf16, k3_err *e);
 void k3_conv_plan_free(k3_conv_plan *p);
 
 /* Options and results of a run. */
 typedef struct k3_conv_opts {
     int resume, rehash, force, quiet, threads;
     int dense;                  /* write zero blocks instead of leaving holes */
+    int trunk_bf16;             /* --trunk-dtype bf16 (lossy, on request only) */
     FILE *progress;             /* stderr, or NULL */
 } k3_conv_opts;
 

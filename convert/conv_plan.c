@@ -173,8 +173,9 @@ static int fingerprint(k3_conv_plan *p, k3_err *e)
         EVP_MD_CTX_free(md);
         return k3_err_set(e, K3_ENOMEM, "cannot create a SHA-256 context");
     }
-    static const char tag[] = "k3-convert plan 1";
+    static const char tag[] = "k3-convert plan 2";
     fp_add(md, tag, sizeof tag);
+    fp_add(md, p->man.trunk_dtypes, strlen(p->man.trunk_dtypes) + 1);
     fp_add(md, p->man.cfg_json, strlen(p->man.cfg_json) + 1);
     for (uint32_t s = 0; s < k3_st_shard_count(p->st); s++) {
         const char *n = k3_st_shard_name(p->st, s);
@@ -336,7 +337,7 @@ static int layout_group(k3_conv_plan *p, uint32_t g, uint64_t t_first, uint64_t 
     return 0;
 }
 
-static int load_tensors(k3_conv_plan *p, k3_man_expect *ex, uint32_t nex, k3_err *e)
+static int load_tensors(k3_conv_plan *p, k3_man_expect *ex, uint32_t nex, int trunk_bf16, k3_err *e)
 {
     const k3_cfg *c = &p->cfg;
     p->ntensors = k3_st_tensor_count(p->st);
@@ -377,7 +378,16 @@ static int load_tensors(k3_conv_plan *p, k3_man_expect *ex, uint32_t nex, k3_err
         }
         const k3_man_expect *x = k3_man_expect_find(ex, nex, t->name);
         if (!x) {
+            /* read and hashed with its shard, not written; the manifest
+             * says how many and how big (FORMAT.md §2, source.left_out) */
             p->nskipped++;
+            if (strncmp(t->name, "language_model.", 15)) {
+                p->man.left_outside_n++;
+                p->man.left_outside_bytes += t->nbytes;
+            } else {
+                p->man.left_unused_n++;
+                p->man.left_unused_bytes += t->nbytes;
+            }
             continue;
         }
         const char *shard = k3_st_shard_name(p->st, t->shard);
@@ -390,8 +400,11 @@ static int load_tensors(k3_conv_plan *p, k3_man_expect *ex, uint32_t nex, k3_err
         k3_pk_tensor *ot = &p->man.tensors[oi];
         p->tensors[i].role = K3_CONV_T_TRUNK;
         p->tensors[i].out_tensor = oi;
-        p->tensors[i].out_dtype = (t->dtype == K3_DT_F32 && t->ndim == 1) ? K3_DT_F32 : K3_DT_BF16;
+        /* as stored upstream, bytes copied; rounded to BF16 only on request */
+        p->tensors[i].out_dtype = trunk_bf16 ? K3_DT_BF16 : t->dtype;
         ot->dtype = p->tensors[i].out_dtype;
+        ot->src_dtype = t->dtype;
+        p->man.trunk_rounded += ot->dtype != t->dtype;
         ot->ndim = t->ndim;
         uint64_t elems = 1;
         for (uint32_t d = 0; d < t->ndim; d++) {
@@ -400,7 +413,7 @@ static int load_tensors(k3_conv_plan *p, k3_man_expect *ex, uint32_t nex, k3_err
         }
         if (t->ndim == 0 || elems == 0)
             return k3_err_set(e, K3_EFORMAT, "%s: tensor %s: empty", shard, t->name);
-        ot->nbytes = elems * (ot->dtype == K3_DT_F32 ? 4 : 2);
+        ot->nbytes = elems * k3_dtype_size(ot->dtype);
         ((k3_pk_piece *)ot->pieces)->unit = (uint32_t)(x->layer + 2); /* the slot, until layout */
         p->tensors[i].slot = (uint32_t)(x->layer + 2);
     }
@@ -425,9 +438,10 @@ static int load_tensors(k3_conv_plan *p, k3_man_expect *ex, uint32_t nex, k3_err
     return 0;
 }
 
-int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, k3_err *e)
+int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, int trunk_bf16, k3_err *e)
 {
     memset(p, 0, sizeof *p);
+    snprintf(p->man.trunk_dtypes, sizeof p->man.trunk_dtypes, "%s", trunk_bf16 ? "bf16" : "source");
     int rc;
     if (!(p->src = strdup(src)) || !(p->dst = strdup(dst)))
         return k3_err_set(e, K3_ENOMEM, "out of memory");
@@ -453,7 +467,7 @@ int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, k3_err
     uint32_t nex = 0;
     if ((rc = k3_man_expect_trunk(&p->cfg, &ex, &nex, e)))
         goto fail;
-    rc = load_tensors(p, ex, nex, e);
+    rc = load_tensors(p, ex, nex, trunk_bf16, e);
     k3_man_expect_free(ex, nex);
     if (rc)
         goto fail;

@@ -1189,7 +1189,7 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
     if (o->threads > 0)
         omp_set_num_threads(o->threads);
     k3_conv_plan plan;
-    int rc = k3_conv_plan_build(&plan, src, dst, e);
+    int rc = k3_conv_plan_build(&plan, src, dst, o->trunk_bf16, e);
     if (rc)
         return rc;
     conv cv = {.p = &plan, .o = o, .s = s};
@@ -1209,7 +1209,7 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
             !strcmp(plan.man.tensors[ct->out_tensor].name, "language_model.model.embed_tokens.weight")) {
             cv.embed_t = (int64_t)i;
             cv.embed_group = plan.slot_group[ct->slot];
-            cv.erow_rb = plan.man.tensors[ct->out_tensor].shape[1] * (ct->out_dtype == K3_DT_F32 ? 4 : 2);
+            cv.erow_rb = plan.man.tensors[ct->out_tensor].shape[1] * k3_dtype_size(ct->out_dtype);
         }
     }
     cv.erow = calloc(plan.cfg.vocab_size ? plan.cfg.vocab_size : 1, sizeof *cv.erow);

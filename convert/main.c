@@ -35,6 +35,11 @@ static void usage(FILE *f)
             "  --rehash      with --resume, also re-hash the kept files\n"
             "  --force       replace a non-empty DST (removes manifest.json first)\n"
             "  --dense       write zero blocks instead of leaving holes\n"
+            "  --trunk-dtype source|bf16\n"
+            "                source (the default): every trunk tensor keeps its upstream\n"
+            "                dtype and bytes (BF16, F16, F32), so the packed model computes\n"
+            "                exactly what the checkpoint computes; bf16 rounds F16/F32 trunk\n"
+            "                tensors to BF16 (smaller, lossy: recorded in the manifest)\n"
             "  --threads N   quantization threads (1..1024; default: OpenMP's choice);\n"
             "                the output does not depend on N\n"
             "  --json        print a JSON summary on stdout\n"
@@ -80,6 +85,12 @@ int main(int argc, char **argv)
             o.force = 1;
         } else if (!strcmp(a, "--dense")) {
             o.dense = 1;
+        } else if (!strcmp(a, "--trunk-dtype")) {
+            if (i + 1 >= argc || (strcmp(argv[i + 1], "source") && strcmp(argv[i + 1], "bf16"))) {
+                fprintf(stderr, "k3-convert: error: --trunk-dtype needs source or bf16\n");
+                return K3_EXIT_USAGE;
+            }
+            o.trunk_bf16 = !strcmp(argv[++i], "bf16");
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--quiet")) {

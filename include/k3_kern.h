@@ -15,12 +15,15 @@
  * reproduces them bit for bit. Results never depend on the thread count:
  * threads split independent output rows.
  *
- * Accumulation order (the contract, identical for bf16 and MXFP4): each output
+ * Accumulation order (the contract, identical for bf16, f16, f32 and MXFP4): each output
  * Y[t][r] keeps 32 f32 lanes L[0..31], all +0 at the start. For c = 0, 1, ...,
  * cols-1 in order, L[c mod 32] = fmaf(w(r,c), X[t][c], L[c mod 32]) (one
  * correctly rounded fused multiply-add). Then the lanes are folded by a fixed
  * tree: for h = 16, 8, 4, 2, 1: L[l] = L[l] + L[l+h] for l < h; Y = L[0].
  *   bf16:  w(r,c) is the bf16 value widened exactly to f32.
+ *   f16:   w(r,c) is the IEEE half widened exactly to f32 (k3_f16_to_f32;
+ *          F16C vcvtph2ps on x86 gives the same value).
+ *   f32:   w(r,c) is the stored f32.
  *   MXFP4: w(r,c) = e2m1(nibble) * 2^(s-127), one f32 multiply (exact except
  *          where the true value leaves the f32 range, e.g. 4 * 2^127 -> inf);
  *          s = 0 gives the subnormal 2^-127. A group whose scale byte is 255 is
@@ -83,6 +86,7 @@ float k3_tanhf(float x);
 
 void k3_bf16_to_f32_n(const uint16_t *src, float *dst, uint64_t n);
 void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n);
+void k3_f16_to_f32_n(const uint16_t *src, float *dst, uint64_t n);
 
 /* Quantize n floats (n a multiple of 32) to MXFP4 by the docs/MODEL.md §2.6 rule:
  * packed gets n/2 bytes, scales n/32 bytes. Per group of 32: amax = max |x|
@@ -118,11 +122,19 @@ void k3_gemm_bf16(const uint16_t *W, uint64_t rows, uint64_t cols,
 void k3_gemm_mx(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
                 const float *X, uint32_t T, float *Y);
 
+/* The same for F32 and F16 (IEEE half) weights: a trunk tensor is used in
+ * the dtype it was stored in, never rounded. Same contract as bf16, same
+ * threading, any rows, cols, T. */
+void k3_gemm_f32(const float *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y);
+void k3_gemm_f16(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y);
+
 /* Single-threaded forms, for callers that parallelise at a higher level
  * (e.g. across experts); same results bit for bit. */
 void k3_gemm_bf16_st(const uint16_t *W, uint64_t rows, uint64_t cols,
                      const float *X, uint32_t T, float *Y);
 void k3_gemm_mx_st(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols,
                    const float *X, uint32_t T, float *Y);
+void k3_gemm_f32_st(const float *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y);
+void k3_gemm_f16_st(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y);
 
 #endif

@@ -46,6 +46,14 @@ typedef struct k3_man {
     k3_man_src *src_files;
     uint32_t nsrc_files;
     char expert_format[16];        /* "mxfp4", "bf16", ..., "none" */
+    /* Tensors of the source not in the model: outside "language_model."
+     * (the vision tower) and inside it but not used by the config. */
+    uint64_t left_outside_n, left_outside_bytes, left_unused_n, left_unused_bytes;
+    /* Trunk dtypes: "source" (every tensor as stored upstream) or "bf16"
+     * (k3-convert --trunk-dtype bf16: F16/F32 rounded); trunk_rounded counts
+     * the tensors whose dtype changed (src_dtype != dtype); lossy iff > 0. */
+    char trunk_dtypes[16];
+    uint32_t trunk_rounded;
     k3_pk_unit *units;
     uint32_t nunits;
     k3_pk_tensor *tensors;         /* sorted by name; names/pieces owned by the k3_man */

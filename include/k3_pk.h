@@ -4,7 +4,7 @@
  * Layout (every byte is documented in manifests/FORMAT.md):
  *
  *   DIR/manifest.json      written last; its presence means the rest is complete
- *   DIR/trunk-GGGG.k3t     trunk units: bf16 matrices / f32-or-bf16 vectors,
+ *   DIR/trunk-GGGG.k3t     trunk units: tensors in their upstream dtype (BF16, F16, F32),
  *                          each unit 4096-aligned, tensors 64-aligned inside it;
  *                          k3-convert writes one unit per layer (GGGG: the
  *                          upstream shard the unit was completed in)
@@ -40,7 +40,11 @@
 #include "k3_err.h"
 #include "k3_st.h"
 
-#define K3_PK_SCHEMA_VERSION 1
+/* 2: trunk tensors in the dtype they were stored in upstream (BF16, F16 or
+ * F32) unless rounding was asked for and recorded; the manifest names what
+ * was left out. Schema 1 (every F16/F32 matrix rounded to BF16, silently) is
+ * refused with a message to convert again. */
+#define K3_PK_SCHEMA_VERSION 2
 #define K3_PK_ALIGN          4096u  /* file offsets of units and records, unit sizes, stride */
 #define K3_PK_SECTION_ALIGN  64u    /* tensors in a unit, sections in a record */
 
@@ -83,7 +87,9 @@ typedef struct k3_pk_piece {
 
 typedef struct k3_pk_tensor {
     const char *name;            /* the upstream name, e.g. language_model.model.norm.weight */
-    k3_dtype dtype;              /* K3_DT_BF16 or K3_DT_F32 */
+    k3_dtype dtype;              /* as stored: K3_DT_BF16, K3_DT_F16 or K3_DT_F32 */
+    k3_dtype src_dtype;          /* upstream dtype; differs from dtype only when
+                                  * k3-convert --trunk-dtype bf16 rounded it */
     uint32_t ndim;
     uint64_t shape[K3_ST_MAX_DIMS];
     uint64_t nbytes;             /* whole tensor */

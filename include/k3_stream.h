@@ -129,7 +129,10 @@ int k3_stream_plan_make(const k3_stream_shape *sh, const k3_cfg *c, const k3_str
 
 /* Trunk group sizes of a config laid out as k3-convert lays it out (one
  * unit per layer, tensors 64-aligned, unit 4096-aligned), for what-if plans
- * without a packed model. gb must hold num_hidden_layers + 1 entries. */
+ * without a packed model (bench_stream), assuming the published checkpoint's
+ * dtypes (BF16 matrices). Plans of a real packed model (k3-run, k3-pack)
+ * size every unit and piece by the bytes its manifest records, whatever the
+ * stored dtypes. gb must hold num_hidden_layers + 1 entries. */
 void k3_stream_cfg_groups(const k3_cfg *c, uint64_t *gb, uint64_t *embed_row, uint64_t *stride);
 /* The matrices that may be streamed in row pieces, in the order the model
  * multiplies them within a layer (attention, then MLP; then the head): each

@@ -34,7 +34,7 @@
 /* ---- CPU features --------------------------------------------------------- */
 
 struct cpu_caps {
-    int avx2;       /* AVX2 + FMA + OS saves ymm */
+    int avx2;       /* AVX2 + FMA + F16C + OS saves ymm */
     int avx512;     /* F + BW + VL + DQ + OS saves zmm/opmask */
     int neon;       /* aarch64 Advanced SIMD (with its fused multiply-add) */
 };
@@ -53,7 +53,7 @@ static struct cpu_caps cpu_caps_probe(void)
     unsigned int a, b, cx, d;
     if (!__get_cpuid(1, &a, &b, &cx, &d))
         return c;
-    int osxsave = (cx >> 27) & 1, fma = (cx >> 12) & 1;
+    int osxsave = (cx >> 27) & 1, fma = (cx >> 12) & 1, f16c = (cx >> 29) & 1;
     if (!osxsave)
         return c;
     unsigned long long xcr0 = xgetbv0();
@@ -64,7 +64,7 @@ static struct cpu_caps cpu_caps_probe(void)
     __cpuid_count(7, 0, a, b, cx, d);
     int avx2 = (b >> 5) & 1;
     int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
-    c.avx2 = ymm_ok && avx2 && fma;
+    c.avx2 = ymm_ok && avx2 && fma && f16c;
     c.avx512 = c.avx2 && zmm_ok && f && dq && bw && vl;
     return c;
 }
@@ -280,4 +280,58 @@ void k3_gemm_mx_st(const uint8_t *packed, const uint8_t *scales, uint64_t rows, 
                    const float *X, uint32_t T, float *Y)
 {
     k3_kern_path_current()->gemm_mx_rows(packed, scales, rows, cols, X, T, Y, 0, rows);
+}
+
+/* F32 and F16 weights: the same contract as bf16 (include/k3_kern.h). A path
+ * without its own F32/F16 products uses the scalar ones. */
+static k3_kern_f32_rows_fn f32_rows(const k3_kern_path *p)
+{
+    return p->gemm_f32_rows ? p->gemm_f32_rows : k3_kern_path_scalar.gemm_f32_rows;
+}
+
+static k3_kern_bf16_rows_fn f16_rows(const k3_kern_path *p)
+{
+    return p->gemm_f16_rows ? p->gemm_f16_rows : k3_kern_path_scalar.gemm_f16_rows;
+}
+
+void k3_gemm_f32(const float *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y)
+{
+    k3_kern_f32_rows_fn f = f32_rows(k3_kern_path_current());
+    if (!go_parallel(rows, cols, T)) {
+        f(W, rows, cols, X, T, Y, 0, rows);
+        return;
+    }
+#pragma omp parallel
+    {
+        uint64_t r0, r1;
+        split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        if (r0 < r1)
+            f(W, rows, cols, X, T, Y, r0, r1);
+    }
+}
+
+void k3_gemm_f16(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y)
+{
+    k3_kern_bf16_rows_fn f = f16_rows(k3_kern_path_current());
+    if (!go_parallel(rows, cols, T)) {
+        f(W, rows, cols, X, T, Y, 0, rows);
+        return;
+    }
+#pragma omp parallel
+    {
+        uint64_t r0, r1;
+        split_rows(rows, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+        if (r0 < r1)
+            f(W, rows, cols, X, T, Y, r0, r1);
+    }
+}
+
+void k3_gemm_f32_st(const float *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y)
+{
+    f32_rows(k3_kern_path_current())(W, rows, cols, X, T, Y, 0, rows);
+}
+
+void k3_gemm_f16_st(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y)
+{
+    f16_rows(k3_kern_path_current())(W, rows, cols, X, T, Y, 0, rows);
 }

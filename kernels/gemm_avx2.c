@@ -6,6 +6,9 @@
  * tail (cols not a multiple of 32) goes through zero-padded copies and a blend
  * that leaves lanes past the end untouched, as ref.c does no fmaf for them.
  *
+ * f16 and f32 weights run the bf16 tiles with another widening step (F16C
+ * vcvtph2ps, or a plain load): same lanes, same order.
+ *
  * MXFP4 decode, 8 weights at a time: vpsrlvd (after a vpshufb when T > 1)
  * brings each weight's nibble to the bottom of a dword, vpermps looks up the
  * magnitude (low 3 bits) in the group's row of k3_kern_mx_table8x, and one xor
@@ -45,17 +48,37 @@ AI __m256 tail_mask(uint64_t n, int k)
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, idx));
 }
 
-/* ---- bf16 ----------------------------------------------------------------- */
+/* ---- bf16, f16, f32 -------------------------------------------------------- */
 
-AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y,
-                  uint64_t r, uint32_t t0, const int R, const int TB)
+/* The three weight types share one tile: DT (a constant in every caller)
+ * picks how 8 weights are widened to f32; everything else, including the
+ * lane of every column, is the same code. */
+enum { DT_BF16 = 0, DT_F16 = 1, DT_F32 = 2 };
+
+AI uint64_t dt_size(const int DT)
 {
+    return DT == DT_F32 ? 4 : 2;
+}
+
+AI __m256 w8(const void *p, const int DT)
+{
+    if (DT == DT_F32)
+        return _mm256_loadu_ps((const float *)p);
+    if (DT == DT_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));   /* exact (F16C) */
+    return bf16x8((const uint16_t *)p);
+}
+
+AI void w_tile(const void *W, uint64_t rows, uint64_t cols, const float *X, float *Y,
+               uint64_t r, uint32_t t0, const int R, const int TB, const int DT)
+{
+    const uint64_t es = dt_size(DT);
     __m256 acc[2][2][4];
-    const uint16_t *w[2];
+    const char *w[2];
     const float *x[2];
 #pragma GCC unroll 2
     for (int i = 0; i < R; i++) {
-        w[i] = W + (r + (uint64_t)i) * cols;
+        w[i] = (const char *)W + (r + (uint64_t)i) * cols * es;
 #pragma GCC unroll 2
         for (int j = 0; j < TB; j++)
 #pragma GCC unroll 4
@@ -67,21 +90,22 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
         x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;
 
     /* fetch the next block of R rows (contiguous) while this one runs, on the
-     * first pass over these rows only: R lines of it per 32 columns */
+     * first pass over these rows only: R * es / 2 lines of it per 32 columns */
     const char *pf = NULL;
     if (t0 == 0 && R >= 2 && r + 2 * (uint64_t)R <= rows)
-        pf = (const char *)(W + (r + (uint64_t)R) * cols);
+        pf = (const char *)W + (r + (uint64_t)R) * cols * es;
+    const uint64_t pl = (uint64_t)R * es / 2;
     uint64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
         if (pf)
-#pragma GCC unroll 2
-            for (int i = 0; i < R; i++)
-                _mm_prefetch(pf + (c / 32 * (uint64_t)R + (uint64_t)i) * 64, _MM_HINT_T0);
+#pragma GCC unroll 4
+            for (uint64_t i = 0; i < pl; i++)
+                _mm_prefetch(pf + (c / 32 * pl + i) * 64, _MM_HINT_T0);
 #pragma GCC unroll 2
         for (int i = 0; i < R; i++) {
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                __m256 wv = bf16x8(w[i] + c + 8 * k);
+                __m256 wv = w8(w[i] + (c + 8 * (uint64_t)k) * es, DT);
 #pragma GCC unroll 2
                 for (int j = 0; j < TB; j++)
                     acc[i][j][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + c + 8 * k), acc[i][j][k]);
@@ -90,18 +114,18 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
     }
     if (c < cols) {
         uint64_t n = cols - c;
-        uint16_t wt[32];
+        _Alignas(32) char wt[32 * 4];
         float xt[32];
 #pragma GCC unroll 2
         for (int i = 0; i < R; i++) {
             memset(wt, 0, sizeof wt);
-            memcpy(wt, w[i] + c, n * sizeof *wt);
+            memcpy(wt, w[i] + c * es, n * es);
 #pragma GCC unroll 2
             for (int j = 0; j < TB; j++) {
                 memset(xt, 0, sizeof xt);
                 memcpy(xt, x[j] + c, n * sizeof *xt);
                 for (int k = 0; k < 4; k++) {
-                    __m256 f = _mm256_fmadd_ps(bf16x8(wt + 8 * k), _mm256_loadu_ps(xt + 8 * k), acc[i][j][k]);
+                    __m256 f = _mm256_fmadd_ps(w8(wt + 8 * (uint64_t)k * es, DT), _mm256_loadu_ps(xt + 8 * k), acc[i][j][k]);
                     acc[i][j][k] = _mm256_blendv_ps(acc[i][j][k], f, tail_mask(n, k));
                 }
             }
@@ -114,28 +138,56 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
             Y[(uint64_t)(t0 + (uint32_t)j) * rows + r + (uint64_t)i] = fold32(acc[i][j]);
 }
 
-static void bf16_tile_2x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 1); }
-static void bf16_tile_1x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 1); }
-static void bf16_tile_1x2(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 2); }
+/* One function per (type, tile shape), so that R, TB and DT are constants. */
+#define W_TILES(N, DT)                                                                                       \
+    static void N##_2x1(const void *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, \
+                        uint32_t t0) { w_tile(W, rows, cols, X, Y, r, t0, 2, 1, DT); }                      \
+    static void N##_1x1(const void *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, \
+                        uint32_t t0) { w_tile(W, rows, cols, X, Y, r, t0, 1, 1, DT); }                      \
+    static void N##_1x2(const void *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, \
+                        uint32_t t0) { w_tile(W, rows, cols, X, Y, r, t0, 1, 2, DT); }
+W_TILES(bf16_tile, DT_BF16)
+W_TILES(f16_tile, DT_F16)
+W_TILES(f32_tile, DT_F32)
 
-static void avx2_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
-                                const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+typedef void (*w_tile_fn)(const void *, uint64_t, uint64_t, const float *, float *, uint64_t, uint32_t);
+
+AI void w_rows(const void *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y,
+               uint64_t r0, uint64_t r1, w_tile_fn t2x1, w_tile_fn t1x1, w_tile_fn t1x2)
 {
     uint64_t r = r0;
     if (T == 1) {
         for (; r + 2 <= r1; r += 2)
-            bf16_tile_2x1(W, rows, cols, X, Y, r, 0);
+            t2x1(W, rows, cols, X, Y, r, 0);
         for (; r < r1; r++)
-            bf16_tile_1x1(W, rows, cols, X, Y, r, 0);
+            t1x1(W, rows, cols, X, Y, r, 0);
         return;
     }
     for (; r < r1; r++) {
         uint32_t t = 0;
         for (; t + 2 <= T; t += 2)
-            bf16_tile_1x2(W, rows, cols, X, Y, r, t);
+            t1x2(W, rows, cols, X, Y, r, t);
         if (t < T)
-            bf16_tile_1x1(W, rows, cols, X, Y, r, t);
+            t1x1(W, rows, cols, X, Y, r, t);
     }
+}
+
+static void avx2_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
+                                const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+{
+    w_rows(W, rows, cols, X, T, Y, r0, r1, bf16_tile_2x1, bf16_tile_1x1, bf16_tile_1x2);
+}
+
+static void avx2_gemm_f16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
+                               const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+{
+    w_rows(W, rows, cols, X, T, Y, r0, r1, f16_tile_2x1, f16_tile_1x1, f16_tile_1x2);
+}
+
+static void avx2_gemm_f32_rows(const float *W, uint64_t rows, uint64_t cols,
+                               const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+{
+    w_rows(W, rows, cols, X, T, Y, r0, r1, f32_tile_2x1, f32_tile_1x1, f32_tile_1x2);
 }
 
 /* ---- MXFP4 ---------------------------------------------------------------- */
@@ -458,4 +510,6 @@ const k3_kern_path k3_kern_path_avx2 = {
     .name = "avx2",
     .gemm_bf16_rows = avx2_gemm_bf16_rows,
     .gemm_mx_rows = avx2_gemm_mx_rows,
+    .gemm_f32_rows = avx2_gemm_f32_rows,
+    .gemm_f16_rows = avx2_gemm_f16_rows,
 };

@@ -6,7 +6,8 @@
  * and every step is the same fmaf as in ref.c (vfmadd rounds once). The fold
  * (fold32) adds the halves exactly in the ref.c tree order.
  *
- * bf16: tiles of R rows x TB activation vectors (4x1 at T = 1, 4x3 else)
+ * bf16 (and f16, f32: the same tiles with vcvtph2ps or a plain load as the
+ * widening step): tiles of R rows x TB activation vectors (4x1 at T = 1, 4x3 else)
  * whose accumulators stay in registers for the whole row; the weights are
  * widened once per tile and used TB times, and for T > TB the same rows are
  * re-read from L1/L2, never from memory. The next block of rows is
@@ -62,17 +63,46 @@ AI __m512 bf16x16_mask(const uint16_t *p, __mmask16 m)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* ---- bf16 ----------------------------------------------------------------- */
+/* ---- bf16, f16, f32 -------------------------------------------------------- */
 
-AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y,
-                  uint64_t r, uint32_t t0, const int R, const int TB)
+/* The three weight types share one tile: DT (a constant in every caller)
+ * picks how 16 weights are widened to f32 (shift, vcvtph2ps, or a plain
+ * load); the lanes and their order are the same code. */
+enum { DT_BF16 = 0, DT_F16 = 1, DT_F32 = 2 };
+
+AI uint64_t dt_size(const int DT)
 {
+    return DT == DT_F32 ? 4 : 2;
+}
+
+AI __m512 w16(const char *p, const int DT)
+{
+    if (DT == DT_F32)
+        return _mm512_loadu_ps((const float *)p);
+    if (DT == DT_F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    return bf16x16((const uint16_t *)p);
+}
+
+AI __m512 w16_mask(const char *p, __mmask16 m, const int DT)
+{
+    if (DT == DT_F32)
+        return _mm512_maskz_loadu_ps(m, (const float *)p);
+    if (DT == DT_F16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    return bf16x16_mask((const uint16_t *)p, m);
+}
+
+AI void w_tile(const void *W, uint64_t rows, uint64_t cols, const float *X, float *Y,
+               uint64_t r, uint32_t t0, const int R, const int TB, const int DT)
+{
+    const uint64_t es = dt_size(DT);
     __m512 acc[4][4][2];
-    const uint16_t *w[4];
+    const char *w[4];
     const float *x[4];
 #pragma GCC unroll 4
     for (int i = 0; i < R; i++) {
-        w[i] = W + (r + (uint64_t)i) * cols;
+        w[i] = (const char *)W + (r + (uint64_t)i) * cols * es;
 #pragma GCC unroll 4
         for (int j = 0; j < TB; j++)
             acc[i][j][0] = acc[i][j][1] = _mm512_setzero_ps();
@@ -82,19 +112,21 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
         x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;
 
     /* the next block of R rows (contiguous) is fetched while this one runs:
-     * R lines of it per 32 columns, on the first pass over these rows only */
+     * R * es / 2 lines of it per 32 columns, on the first pass over these
+     * rows only */
     const char *pf = NULL;
     if (t0 == 0 && R >= 2 && r + 2 * (uint64_t)R <= rows)
-        pf = (const char *)(W + (r + (uint64_t)R) * cols);
+        pf = (const char *)W + (r + (uint64_t)R) * cols * es;
+    const uint64_t pl = (uint64_t)R * es / 2;
     uint64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
         if (pf)
-#pragma GCC unroll 4
-            for (int i = 0; i < R; i++)
-                _mm_prefetch(pf + (c / 32 * (uint64_t)R + (uint64_t)i) * 64, _MM_HINT_T0);
+#pragma GCC unroll 8
+            for (uint64_t i = 0; i < pl; i++)
+                _mm_prefetch(pf + (c / 32 * pl + i) * 64, _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
-            __m512 w0 = bf16x16(w[i] + c), w1 = bf16x16(w[i] + c + 16);
+            __m512 w0 = w16(w[i] + c * es, DT), w1 = w16(w[i] + (c + 16) * es, DT);
 #pragma GCC unroll 4
             for (int j = 0; j < TB; j++) {
                 acc[i][j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + c), acc[i][j][0]);
@@ -109,7 +141,7 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
         __mmask16 m1 = (__mmask16)(n > 16 ? (1u << (n - 16)) - 1u : 0u);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
-            __m512 w0 = bf16x16_mask(w[i] + c, m0), w1 = bf16x16_mask(w[i] + c + 16, m1);
+            __m512 w0 = w16_mask(w[i] + c * es, m0, DT), w1 = w16_mask(w[i] + (c + 16) * es, m1, DT);
 #pragma GCC unroll 4
             for (int j = 0; j < TB; j++) {
                 __m512 x0 = _mm512_maskz_loadu_ps(m0, x[j] + c);
@@ -126,37 +158,37 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
             Y[(uint64_t)(t0 + (uint32_t)j) * rows + r + (uint64_t)i] = fold32(acc[i][j][0], acc[i][j][1]);
 }
 
-/* One tile shape per call site so that R and TB are constants inside. */
-static void bf16_tile_4x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 4, 1); }
-static void bf16_tile_1x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 1); }
-static void bf16_tile_2x4(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 4); }
-static void bf16_tile_2x3(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 3); }
-static void bf16_tile_2x2(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 2); }
-static void bf16_tile_2x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 1); }
-static void bf16_tile_4x3(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 4, 3); }
-static void bf16_tile_4x2(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 4, 2); }
-static void bf16_tile_1x4(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 4); }
-static void bf16_tile_1x3(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 3); }
-static void bf16_tile_1x2(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 2); }
+typedef void (*w_tile_fn)(const void *, uint64_t, uint64_t, const float *, float *, uint64_t, uint32_t);
 
-typedef void (*bf16_tile_fn)(const uint16_t *, uint64_t, uint64_t, const float *, float *, uint64_t, uint32_t);
+/* One function per (type, tile shape) so that R, TB and DT are constants
+ * inside; the tables are indexed by TB. */
+#define W_TILE(N, DT, R, TB)                                                                              \
+    static void N##_##R##x##TB(const void *W, uint64_t rows, uint64_t cols, const float *X, float *Y,   \
+                               uint64_t r, uint32_t t0) { w_tile(W, rows, cols, X, Y, r, t0, R, TB, DT); }
+#define W_TILES(N, DT)                                                                                    \
+    W_TILE(N, DT, 4, 1) W_TILE(N, DT, 4, 2) W_TILE(N, DT, 4, 3)                                           \
+    W_TILE(N, DT, 2, 1) W_TILE(N, DT, 2, 2) W_TILE(N, DT, 2, 3) W_TILE(N, DT, 2, 4)                       \
+    W_TILE(N, DT, 1, 1) W_TILE(N, DT, 1, 2) W_TILE(N, DT, 1, 3) W_TILE(N, DT, 1, 4)                       \
+    static const w_tile_fn N##_four[4] = {0, N##_4x1, N##_4x2, N##_4x3};                                  \
+    static const w_tile_fn N##_two[5] = {0, N##_2x1, N##_2x2, N##_2x3, N##_2x4};                          \
+    static const w_tile_fn N##_one[5] = {0, N##_1x1, N##_1x2, N##_1x3, N##_1x4};
+W_TILES(bf16_tile, DT_BF16)
+W_TILES(f16_tile, DT_F16)
+W_TILES(f32_tile, DT_F32)
 
-static void avx512_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
-                                  const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+AI void w_rows(const void *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y,
+               uint64_t r0, uint64_t r1, const w_tile_fn *four, const w_tile_fn *two, const w_tile_fn *one)
 {
-    static const bf16_tile_fn two[5] = {0, bf16_tile_2x1, bf16_tile_2x2, bf16_tile_2x3, bf16_tile_2x4};
-    static const bf16_tile_fn one[5] = {0, bf16_tile_1x1, bf16_tile_1x2, bf16_tile_1x3, bf16_tile_1x4};
     uint64_t r = r0;
     if (T == 1) {
         for (; r + 4 <= r1; r += 4)
-            bf16_tile_4x1(W, rows, cols, X, Y, r, 0);
+            four[1](W, rows, cols, X, Y, r, 0);
         for (; r < r1; r++)
-            bf16_tile_1x1(W, rows, cols, X, Y, r, 0);
+            one[1](W, rows, cols, X, Y, r, 0);
         return;
     }
     /* 4 rows x 3 vectors: 24 accumulators; each x load feeds 4 FMAs, which
      * keeps the L2 traffic for x (T*cols*4 bytes, past L1) affordable */
-    static const bf16_tile_fn four[4] = {0, bf16_tile_4x1, bf16_tile_4x2, bf16_tile_4x3};
     for (; r + 4 <= r1; r += 4)
         for (uint32_t t = 0; t < T; t += 3)
             four[T - t >= 3 ? 3 : T - t](W, rows, cols, X, Y, r, t);
@@ -166,6 +198,24 @@ static void avx512_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t col
     for (; r < r1; r++)
         for (uint32_t t = 0; t < T; t += 4)
             one[T - t >= 4 ? 4 : T - t](W, rows, cols, X, Y, r, t);
+}
+
+static void avx512_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
+                                  const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+{
+    w_rows(W, rows, cols, X, T, Y, r0, r1, bf16_tile_four, bf16_tile_two, bf16_tile_one);
+}
+
+static void avx512_gemm_f16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
+                                 const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+{
+    w_rows(W, rows, cols, X, T, Y, r0, r1, f16_tile_four, f16_tile_two, f16_tile_one);
+}
+
+static void avx512_gemm_f32_rows(const float *W, uint64_t rows, uint64_t cols,
+                                 const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+{
+    w_rows(W, rows, cols, X, T, Y, r0, r1, f32_tile_four, f32_tile_two, f32_tile_one);
 }
 
 /* ---- MXFP4 ---------------------------------------------------------------- */
@@ -876,5 +926,7 @@ static void avx512_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, ui
 const k3_kern_path k3_kern_path_avx512 = {
     .name = "avx512",
     .gemm_bf16_rows = avx512_gemm_bf16_rows,
+    .gemm_f32_rows = avx512_gemm_f32_rows,
+    .gemm_f16_rows = avx512_gemm_f16_rows,
     .gemm_mx_rows = avx512_gemm_mx_rows,
 };

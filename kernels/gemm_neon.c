@@ -10,7 +10,8 @@
  * as ref.c does no fmaf for them (an fma with 0 * 0 would turn a -0 lane +0).
  *
  * bf16 weights widen exactly with one shift (vshll: bf16 is the top half of
- * an f32).
+ * an f32), f16 weights with vcvt (exact), f32 weights are used as loaded: one
+ * tile (w_tile) serves all three.
  *
  * MXFP4 decode, 32 weights (one group) at a time: the 16 bytes split into low
  * and high nibbles, which zip back into element order (element 2i is the low
@@ -67,17 +68,39 @@ AI uint32x4_t tail_mask(uint64_t n, int k)
     return vcltq_u32(vld1q_u32(idx), vdupq_n_u32((uint32_t)(n > (uint64_t)(4 * k) ? n - 4 * (uint64_t)k : 0)));
 }
 
-/* ---- bf16 ----------------------------------------------------------------- */
+/* ---- bf16, f16, f32 ------------------------------------------------------- */
 
-AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y,
-                  uint64_t r, uint32_t t0, const int R, const int TB)
+/* Weight types of the one tile below: each widens exactly to f32 (f16 by
+ * vcvt, which, like F16C on x86, quiets a signalling NaN: NaN payloads are
+ * not part of the contract). */
+enum { WT_BF16, WT_F16, WT_F32 };
+
+/* the 8 f32 weights at element i of a row of type WT */
+AI void w8(const void *row, uint64_t i, const int WT, float32x4_t *lo, float32x4_t *hi)
 {
+    if (WT == WT_F32) {
+        const float *p = (const float *)row + i;
+        *lo = vld1q_f32(p);
+        *hi = vld1q_f32(p + 4);
+    } else if (WT == WT_F16) {
+        float16x8_t h = vreinterpretq_f16_u16(vld1q_u16((const uint16_t *)row + i));
+        *lo = vcvt_f32_f16(vget_low_f16(h));
+        *hi = vcvt_high_f32_f16(h);
+    } else {
+        bf16x8((const uint16_t *)row + i, lo, hi);
+    }
+}
+
+AI void w_tile(const void *W, uint64_t rows, uint64_t cols, const float *X, float *Y,
+               uint64_t r, uint32_t t0, const int R, const int TB, const int WT)
+{
+    const size_t es = WT == WT_F32 ? 4 : 2;
     float32x4_t acc[2][2][8];
-    const uint16_t *w[2];
+    const char *w[2];
     const float *x[2];
 #pragma GCC unroll 2
     for (int i = 0; i < R; i++) {
-        w[i] = W + (r + (uint64_t)i) * cols;
+        w[i] = (const char *)W + (r + (uint64_t)i) * cols * es;
 #pragma GCC unroll 2
         for (int j = 0; j < TB; j++)
             acc_zero(acc[i][j]);
@@ -89,11 +112,11 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
     for (; c + 32 <= cols; c += 32) {
 #pragma GCC unroll 2
         for (int i = 0; i < R; i++) {
-            __builtin_prefetch(w[i] + c + 256);
+            __builtin_prefetch(w[i] + (c + 128) * es);
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 float32x4_t wl, wh;
-                bf16x8(w[i] + c + 8 * k, &wl, &wh);
+                w8(w[i], c + 8 * (uint64_t)k, WT, &wl, &wh);
 #pragma GCC unroll 2
                 for (int j = 0; j < TB; j++) {
                     acc[i][j][2 * k] = vfmaq_f32(acc[i][j][2 * k], wl, vld1q_f32(x[j] + c + 8 * k));
@@ -104,19 +127,19 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
     }
     if (c < cols) {
         uint64_t n = cols - c;
-        uint16_t wt[32];
+        _Alignas(16) float wt[32];  /* room for 32 weights of any type */
         float xt[32];
 #pragma GCC unroll 2
         for (int i = 0; i < R; i++) {
             memset(wt, 0, sizeof wt);
-            memcpy(wt, w[i] + c, n * sizeof *wt);
+            memcpy(wt, w[i] + c * es, n * es);
 #pragma GCC unroll 2
             for (int j = 0; j < TB; j++) {
                 memset(xt, 0, sizeof xt);
                 memcpy(xt, x[j] + c, n * sizeof *xt);
                 for (int k = 0; k < 4; k++) {
                     float32x4_t wl, wh;
-                    bf16x8(wt + 8 * k, &wl, &wh);
+                    w8(wt, 8 * (uint64_t)k, WT, &wl, &wh);
                     float32x4_t fl = vfmaq_f32(acc[i][j][2 * k], wl, vld1q_f32(xt + 8 * k));
                     float32x4_t fh = vfmaq_f32(acc[i][j][2 * k + 1], wh, vld1q_f32(xt + 8 * k + 4));
                     acc[i][j][2 * k] = vbslq_f32(tail_mask(n, 2 * k), fl, acc[i][j][2 * k]);
@@ -132,29 +155,37 @@ AI void bf16_tile(const uint16_t *W, uint64_t rows, uint64_t cols, const float *
             Y[(uint64_t)(t0 + (uint32_t)j) * rows + r + (uint64_t)i] = fold32(acc[i][j]);
 }
 
-static void bf16_tile_2x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 2, 1); }
-static void bf16_tile_1x1(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 1); }
-static void bf16_tile_1x2(const uint16_t *W, uint64_t rows, uint64_t cols, const float *X, float *Y, uint64_t r, uint32_t t0) { bf16_tile(W, rows, cols, X, Y, r, t0, 1, 2); }
+/* T = 1: two rows at a time; T > 1: one row, two vectors at a time */
+#define W_ROWS(NAME, TYPE, WT)                                                                         \
+    static void NAME##_2x1(const TYPE *W, uint64_t rows, uint64_t cols, const float *X, float *Y,       \
+                           uint64_t r, uint32_t t0) { w_tile(W, rows, cols, X, Y, r, t0, 2, 1, WT); }  \
+    static void NAME##_1x1(const TYPE *W, uint64_t rows, uint64_t cols, const float *X, float *Y,       \
+                           uint64_t r, uint32_t t0) { w_tile(W, rows, cols, X, Y, r, t0, 1, 1, WT); }  \
+    static void NAME##_1x2(const TYPE *W, uint64_t rows, uint64_t cols, const float *X, float *Y,       \
+                           uint64_t r, uint32_t t0) { w_tile(W, rows, cols, X, Y, r, t0, 1, 2, WT); }  \
+    static void neon_gemm_##NAME##_rows(const TYPE *W, uint64_t rows, uint64_t cols, const float *X,    \
+                                        uint32_t T, float *Y, uint64_t r0, uint64_t r1)                \
+    {                                                                                                   \
+        uint64_t r = r0;                                                                                \
+        if (T == 1) {                                                                                   \
+            for (; r + 2 <= r1; r += 2)                                                                 \
+                NAME##_2x1(W, rows, cols, X, Y, r, 0);                                                  \
+            for (; r < r1; r++)                                                                         \
+                NAME##_1x1(W, rows, cols, X, Y, r, 0);                                                  \
+            return;                                                                                     \
+        }                                                                                               \
+        for (; r < r1; r++) {                                                                           \
+            uint32_t t = 0;                                                                             \
+            for (; t + 2 <= T; t += 2)                                                                  \
+                NAME##_1x2(W, rows, cols, X, Y, r, t);                                                  \
+            if (t < T)                                                                                  \
+                NAME##_1x1(W, rows, cols, X, Y, r, t);                                                  \
+        }                                                                                               \
+    }
 
-static void neon_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
-                                const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
-{
-    uint64_t r = r0;
-    if (T == 1) {
-        for (; r + 2 <= r1; r += 2)
-            bf16_tile_2x1(W, rows, cols, X, Y, r, 0);
-        for (; r < r1; r++)
-            bf16_tile_1x1(W, rows, cols, X, Y, r, 0);
-        return;
-    }
-    for (; r < r1; r++) {
-        uint32_t t = 0;
-        for (; t + 2 <= T; t += 2)
-            bf16_tile_1x2(W, rows, cols, X, Y, r, t);
-        if (t < T)
-            bf16_tile_1x1(W, rows, cols, X, Y, r, t);
-    }
-}
+W_ROWS(bf16, uint16_t, WT_BF16)
+W_ROWS(f16, uint16_t, WT_F16)
+W_ROWS(f32, float, WT_F32)
 
 /* ---- MXFP4 ---------------------------------------------------------------- */
 
@@ -324,4 +355,6 @@ const k3_kern_path k3_kern_path_neon = {
     .name = "neon",
     .gemm_bf16_rows = neon_gemm_bf16_rows,
     .gemm_mx_rows = neon_gemm_mx_rows,
+    .gemm_f32_rows = neon_gemm_f32_rows,
+    .gemm_f16_rows = neon_gemm_f16_rows,
 };

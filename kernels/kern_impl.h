@@ -20,10 +20,20 @@ typedef void (*k3_kern_mx_rows_fn)(const uint8_t *packed, const uint8_t *scales,
                                    uint64_t rows, uint64_t cols, const float *X, uint32_t T,
                                    float *Y, uint64_t r0, uint64_t r1);
 
+typedef void (*k3_kern_f32_rows_fn)(const float *W, uint64_t rows, uint64_t cols,
+                                    const float *X, uint32_t T, float *Y,
+                                    uint64_t r0, uint64_t r1);
+
+/* One entry per weight type. gemm_f16_rows takes IEEE half weights (same
+ * signature as bf16). A path may leave gemm_f32_rows / gemm_f16_rows NULL:
+ * dispatch then runs the scalar one for that type (same bits, slower), so a
+ * new ISA can land its bf16/MXFP4 products first. */
 typedef struct k3_kern_path {
     const char *name;
     k3_kern_bf16_rows_fn gemm_bf16_rows;
     k3_kern_mx_rows_fn gemm_mx_rows;
+    k3_kern_f32_rows_fn gemm_f32_rows;
+    k3_kern_bf16_rows_fn gemm_f16_rows;
 } k3_kern_path;
 
 extern const k3_kern_path k3_kern_path_scalar;

@@ -1,7 +1,7 @@
 /*
  * ref.c - the scalar definition of every number the runtime computes: the
- * bf16/f16/fp8/E2M1/E8M0 conversions, MXFP4 quantization, and the bf16 and
- * MXFP4 matrix products with their accumulation order. Plain C, built with
+ * bf16/f16/fp8/E2M1/E8M0 conversions, MXFP4 quantization, and the bf16, f16,
+ * f32 and MXFP4 matrix products with their accumulation order. Plain C, built with
  * -ffp-contract=off and without fast-math; fmaf() is the only fused operation.
  * Every SIMD path (gemm_avx2.c, gemm_avx512.c) must give the same bits as the
  * functions here; tests/t_kernels.c checks that.
@@ -118,6 +118,12 @@ void k3_bf16_to_f32_n(const uint16_t *src, float *dst, uint64_t n)
 {
     for (uint64_t i = 0; i < n; i++)
         dst[i] = k3_bf16_to_f32(src[i]);
+}
+
+void k3_f16_to_f32_n(const uint16_t *src, float *dst, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        dst[i] = k3_f16_to_f32(src[i]);
 }
 
 void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n)
@@ -321,6 +327,38 @@ static void ref_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
     }
 }
 
+/* F32 and F16 weights: the bf16 contract with w(r,c) the stored value widened
+ * exactly to f32 (an f32 weight is used as is). */
+static void ref_gemm_f32_rows(const float *W, uint64_t rows, uint64_t cols,
+                              const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+{
+    for (uint64_t r = r0; r < r1; r++) {
+        const float *w = W + r * cols;
+        for (uint32_t t = 0; t < T; t++) {
+            const float *x = X + (uint64_t)t * cols;
+            float L[LANES] = {0};
+            for (uint64_t c = 0; c < cols; c++)
+                L[c % LANES] = fmaf(w[c], x[c], L[c % LANES]);
+            Y[(uint64_t)t * rows + r] = lanes_fold(L);
+        }
+    }
+}
+
+static void ref_gemm_f16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
+                              const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
+{
+    for (uint64_t r = r0; r < r1; r++) {
+        const uint16_t *w = W + r * cols;
+        for (uint32_t t = 0; t < T; t++) {
+            const float *x = X + (uint64_t)t * cols;
+            float L[LANES] = {0};
+            for (uint64_t c = 0; c < cols; c++)
+                L[c % LANES] = fmaf(k3_f16_to_f32(w[c]), x[c], L[c % LANES]);
+            Y[(uint64_t)t * rows + r] = lanes_fold(L);
+        }
+    }
+}
+
 static void ref_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, uint64_t rows,
                              uint64_t cols, const float *X, uint32_t T, float *Y,
                              uint64_t r0, uint64_t r1)
@@ -352,4 +390,6 @@ const k3_kern_path k3_kern_path_scalar = {
     .name = "scalar",
     .gemm_bf16_rows = ref_gemm_bf16_rows,
     .gemm_mx_rows = ref_gemm_mx_rows,
+    .gemm_f32_rows = ref_gemm_f32_rows,
+    .gemm_f16_rows = ref_gemm_f16_rows,
 };

@@ -161,6 +161,25 @@ typedef struct pctx {
     k3_err *e;
 } pctx;
 
+/* The trunk dtypes of a manifest: "BF16", "F16", "F32". 0, or -1 for anything else. */
+static int dtype_of(const char *s, k3_dtype *t)
+{
+    if (!strcmp(s, "BF16"))
+        *t = K3_DT_BF16;
+    else if (!strcmp(s, "F16"))
+        *t = K3_DT_F16;
+    else if (!strcmp(s, "F32"))
+        *t = K3_DT_F32;
+    else
+        return -1;
+    return 0;
+}
+
+static const char *dtype_str(k3_dtype t)
+{
+    return t == K3_DT_F32 ? "F32" : t == K3_DT_F16 ? "F16" : "BF16";
+}
+
 static int bad(pctx *p, const char *what, const char *detail)
 {
     return k3_err_set(p->e, K3_EFORMAT, "%s: %s: %s", p->path, what, detail);
@@ -365,6 +384,20 @@ static int parse_trunk(pctx *p, k3_man *m, const cJSON *trunk)
         u->flags = cJSON_IsTrue(pin) ? K3_PK_UNIT_PINNED : 0;
     }
 
+    const char *dts;
+    if ((rc = get_str(p, trunk, "dtypes", "trunk", &dts)))
+        return rc;
+    if (strcmp(dts, "source") && strcmp(dts, "bf16"))
+        return bad(p, "trunk", "\"dtypes\" must be \"source\" or \"bf16\"");
+    snprintf(m->trunk_dtypes, sizeof m->trunk_dtypes, "%s", dts);
+    uint64_t rounded, nrounded = 0;
+    if ((rc = get_u64(p, trunk, "rounded_tensors", "trunk", &rounded)))
+        return rc;
+    const cJSON *lossy = need(p, trunk, "lossy", "trunk", &rc);
+    if (rc)
+        return rc;
+    if (!cJSON_IsBool(lossy) || cJSON_IsTrue(lossy) != (rounded > 0))
+        return bad(p, "trunk", "\"lossy\" must be a boolean, true exactly when rounded_tensors > 0");
     if ((rc = get_array(p, trunk, "tensors", "trunk", &arr, &n, K3_MAN_MAX_ITEMS)))
         return rc;
     m->tensors = calloc(n ? n : 1, sizeof *m->tensors);
@@ -387,12 +420,20 @@ static int parse_trunk(pctx *p, k3_man *m, const cJSON *trunk)
         snprintf(where, sizeof where, "tensor %s", name);
         if ((rc = get_str(p, it, "dtype", where, &dt)))
             return rc;
-        if (!strcmp(dt, "BF16"))
-            t->dtype = K3_DT_BF16;
-        else if (!strcmp(dt, "F32"))
-            t->dtype = K3_DT_F32;
-        else
-            return bad(p, where, "dtype must be BF16 or F32");
+        if (dtype_of(dt, &t->dtype))
+            return bad(p, where, "dtype must be BF16, F16 or F32");
+        t->src_dtype = t->dtype;
+        const cJSON *sdt = cJSON_GetObjectItemCaseSensitive(it, "source_dtype");
+        if (sdt) {
+            /* only rounding to BF16 is ever recorded; the entry is absent
+             * when the tensor is as stored */
+            if (!cJSON_IsString(sdt) || dtype_of(sdt->valuestring, &t->src_dtype) ||
+                t->src_dtype == t->dtype || t->dtype != K3_DT_BF16)
+                return bad(p, where, "source_dtype must be F16 or F32 on a BF16 tensor");
+            if (strcmp(m->trunk_dtypes, "bf16"))
+                return bad(p, where, "source_dtype given but trunk.dtypes is not \"bf16\"");
+            nrounded++;
+        }
         const cJSON *shape;
         uint32_t nd;
         if ((rc = get_array(p, it, "shape", where, &shape, &nd, K3_ST_MAX_DIMS)))
@@ -411,7 +452,7 @@ static int parse_trunk(pctx *p, k3_man *m, const cJSON *trunk)
                 return bad(p, where, "shape product overflows");
             elems *= t->shape[d];
         }
-        uint64_t esz = t->dtype == K3_DT_BF16 ? 2 : 4;
+        uint64_t esz = t->dtype == K3_DT_F32 ? 4 : 2;
         t->nbytes = elems * esz;
         uint64_t row_bytes = t->nbytes / t->shape[0];
         const cJSON *pcs;
@@ -462,6 +503,10 @@ static int parse_trunk(pctx *p, k3_man *m, const cJSON *trunk)
         if (next_row != t->shape[0])
             return bad(p, where, "pieces do not cover all rows");
     }
+    if (nrounded != rounded)
+        return k3_err_set(p->e, K3_EFORMAT, "%s: trunk: rounded_tensors is %" PRIu64 " but %" PRIu64
+                          " tensors have a source_dtype", p->path, rounded, nrounded);
+    m->trunk_rounded = (uint32_t)rounded;
     for (uint32_t k = 1; k < m->ntensors; k++)
         if (strcmp(m->tensors[k - 1].name, m->tensors[k].name) >= 0)
             return k3_err_set(p->e, K3_EFORMAT, "%s: trunk.tensors not sorted by name or duplicate at %s",
@@ -592,6 +637,13 @@ int k3_man_parse(k3_man *m, const char *text, uint64_t len, const char *path, k3
     }
     if ((rc = get_u64(p, root, "schema_version", "manifest", &v)))
         goto out;
+    if (v == 1) {
+        /* schema 1 rounded every F16/F32 matrix to BF16 without saying so:
+         * its numbers may differ from the checkpoint's; never read it */
+        rc = k3_err_set(e, K3_EFORMAT, "%s: packed by an older k3-convert (schema_version 1, trunk may be "
+                        "rounded to BF16); convert the checkpoint again", path);
+        goto out;
+    }
     if (v != K3_PK_SCHEMA_VERSION) {
         rc = k3_err_set(e, K3_EFORMAT, "%s: schema_version %" PRIu64 " is not supported (this build reads %d)",
                         path, v, K3_PK_SCHEMA_VERSION);
@@ -680,6 +732,21 @@ int k3_man_parse(k3_man *m, const char *text, uint64_t len, const char *path, k3
     if ((rc = get_str(p, src, "expert_format", "source", &s)))
         goto out;
     snprintf(m->expert_format, sizeof m->expert_format, "%s", s);
+    {
+        const cJSON *lo = need(p, src, "left_out", "source", &rc), *a, *b;
+        if (rc)
+            goto out;
+        if (!cJSON_IsObject(lo) || !cJSON_IsObject(a = cJSON_GetObjectItemCaseSensitive(lo, "outside_language_model")) ||
+            !cJSON_IsObject(b = cJSON_GetObjectItemCaseSensitive(lo, "unused"))) {
+            rc = bad(p, "source.left_out", "must be {\"outside_language_model\": {...}, \"unused\": {...}}");
+            goto out;
+        }
+        if ((rc = get_u64(p, a, "tensors", "source.left_out.outside_language_model", &m->left_outside_n)) ||
+            (rc = get_u64(p, a, "bytes", "source.left_out.outside_language_model", &m->left_outside_bytes)) ||
+            (rc = get_u64(p, b, "tensors", "source.left_out.unused", &m->left_unused_n)) ||
+            (rc = get_u64(p, b, "bytes", "source.left_out.unused", &m->left_unused_bytes)))
+            goto out;
+    }
 
     const cJSON *trunk = need(p, root, "trunk", "manifest", &rc);
     if (rc || (rc = parse_trunk(p, m, trunk)))
@@ -767,8 +834,18 @@ char *k3_man_to_json(const k3_man *m)
     cJSON_AddItemToObject(src, "shards", src_json(m->src_shards, m->nsrc_shards));
     cJSON_AddItemToObject(src, "files", src_json(m->src_files, m->nsrc_files));
     cJSON_AddStringToObject(src, "expert_format", m->expert_format[0] ? m->expert_format : "none");
+    cJSON *lo = cJSON_AddObjectToObject(src, "left_out");
+    cJSON *loa = cJSON_AddObjectToObject(lo, "outside_language_model");
+    cJSON_AddNumberToObject(loa, "tensors", (double)m->left_outside_n);
+    cJSON_AddNumberToObject(loa, "bytes", (double)m->left_outside_bytes);
+    cJSON *lob = cJSON_AddObjectToObject(lo, "unused");
+    cJSON_AddNumberToObject(lob, "tensors", (double)m->left_unused_n);
+    cJSON_AddNumberToObject(lob, "bytes", (double)m->left_unused_bytes);
 
     cJSON *trunk = cJSON_AddObjectToObject(root, "trunk");
+    cJSON_AddStringToObject(trunk, "dtypes", m->trunk_dtypes[0] ? m->trunk_dtypes : "source");
+    cJSON_AddBoolToObject(trunk, "lossy", m->trunk_rounded > 0);
+    cJSON_AddNumberToObject(trunk, "rounded_tensors", m->trunk_rounded);
     cJSON *units = cJSON_AddArrayToObject(trunk, "units");
     for (uint32_t i = 0; i < m->nunits; i++) {
         const k3_pk_unit *u = &m->units[i];
@@ -788,7 +865,9 @@ char *k3_man_to_json(const k3_man *m)
         const k3_pk_tensor *t = &m->tensors[i];
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", t->name);
-        cJSON_AddStringToObject(o, "dtype", t->dtype == K3_DT_F32 ? "F32" : "BF16");
+        cJSON_AddStringToObject(o, "dtype", dtype_str(t->dtype));
+        if (t->dtype == K3_DT_BF16 && (t->src_dtype == K3_DT_F16 || t->src_dtype == K3_DT_F32))
+            cJSON_AddStringToObject(o, "source_dtype", dtype_str(t->src_dtype));
         cJSON *sh = cJSON_AddArrayToObject(o, "shape");
         for (uint32_t d = 0; d < t->ndim; d++)
             cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));

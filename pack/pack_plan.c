@@ -442,6 +442,13 @@ static int assemble(k3_pack_plan *p, const layout *lay_, const k3_pack_opts *o, 
     m->cfg = sm->cfg;
     m->cfg_json = xstrdup(sm->cfg_json, &fail);
     snprintf(m->expert_format, sizeof m->expert_format, "%s", sm->expert_format);
+    /* what the source's conversion did and left out travels with the model */
+    snprintf(m->trunk_dtypes, sizeof m->trunk_dtypes, "%s", sm->trunk_dtypes);
+    m->trunk_rounded = sm->trunk_rounded;
+    m->left_outside_n = sm->left_outside_n;
+    m->left_outside_bytes = sm->left_outside_bytes;
+    m->left_unused_n = sm->left_unused_n;
+    m->left_unused_bytes = sm->left_unused_bytes;
     m->src_shards = calloc(sm->nsrc_shards + 1, sizeof *m->src_shards);
     m->src_files = calloc(sm->nsrc_files + 1, sizeof *m->src_files);
     if (!m->src_shards || !m->src_files)

@@ -36,6 +36,7 @@
 #include "k3_man.h"
 #include "k3_tok.h"
 #include "k3_ws.h"
+#include "run_trunk.h"
 
 #define MAX_PROMPT_BYTES (64ull << 20)
 #define MAX_IDS (1u << 24)
@@ -87,7 +88,8 @@ static void usage(FILE *f)
             "  --detokenize           print the text of --ids and exit\n"
             "  --tok DIR              directory with tiktoken.model + tokenizer_config.json\n"
             "                         (default: MODEL_DIR)\n"
-            "  --version, --help\n"
+            "  --version, --help      (--version MODEL_DIR also prints the model's trunk\n"
+            "                         dtypes and whether k3-convert rounded any: lossy)\n"
             "\n"
             "Sampling: temperature, then top-k, then top-p over the sorted distribution, then one\n"
             "uniform draw (xoshiro256** seeded by splitmix64(seed)) through the inverse CDF.\n"
@@ -401,7 +403,7 @@ int main(int argc, char **argv)
     int json = 0, tokenize = 0, detokenize = 0;
     const char *ram_arg = NULL, *trace_path = NULL;
     uint64_t ram = 0;
-    int plan_only = 0, trunk_crc = 1;
+    int plan_only = 0, trunk_crc = 1, version = 0;
     uint64_t piece = K3_STREAM_PIECE_DEFAULT;
     k3_io_fault_reset();
 
@@ -418,8 +420,7 @@ int main(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "--version")) {
-            k3_cli_print_version("k3-run");
-            return 0;
+            version = 1;
         } else if (!strcmp(a, "--prompt")) {
             NEEDV();
             prompt = v;
@@ -500,6 +501,20 @@ int main(int argc, char **argv)
             return dief(K3_EARG, "unexpected argument '%s': one MODEL_DIR only", a);
         }
 #undef NEEDV
+    }
+    if (version) {   /* with a model: also its trunk dtypes, and whether any was rounded */
+        k3_cli_print_version("k3-run");
+        if (model_dir) {
+            k3_err ve = {0};
+            k3_run_trunk tr;
+            char line[256];
+            int vrc = k3_run_trunk_read(model_dir, &tr, &ve);
+            if (vrc < 0)
+                return die(vrc, ve.msg);
+            k3_run_trunk_text(&tr, line, sizeof line);
+            printf("model %s: %s\n", model_dir, line);
+        }
+        return 0;
     }
     if (threads)
         omp_set_num_threads((int)threads);
@@ -783,6 +798,14 @@ int main(int argc, char **argv)
                st.decode_s > 0 && n_gen > 1 ? (n_gen - 1) / st.decode_s : 0.0);
         printf(",\"kernels\":\"%s\",\"crc32\":\"%s\",\"threads\":%d,\"chunk\":%llu", k3_kern_name(), k3_crc_name(),
                omp_get_max_threads(), (unsigned long long)chunk);
+        {
+            k3_run_trunk tr;
+            char tj[160];
+            if ((rc = k3_run_trunk_read(model_dir, &tr, &e)) < 0)
+                goto out;
+            k3_run_trunk_json(&tr, tj, sizeof tj);
+            printf(",\"trunk\":%s", tj);
+        }
         if (ram_arg) {
             char *sj = k3_stream_report_json(&run);
             if (!sj) {

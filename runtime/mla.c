@@ -29,6 +29,19 @@ static inline float bf16_widen(uint16_t h)
     return f;
 }
 
+/* f16 -> f32, exact: normals by moving the fields, the rest through
+ * k3_f16_to_f32 (same value). */
+static inline float f16_widen(uint16_t h)
+{
+    uint32_t ex = (h >> 10) & 0x1fu;
+    if (ex == 0 || ex == 0x1f)
+        return k3_f16_to_f32(h);
+    uint32_t u = ((uint32_t)(h & 0x8000u) << 16) | (((uint32_t)(h & 0x7fffu) << 13) + 0x38000000u);
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 static float k3_mla_dot(const float *a, const float *b, uint32_t n)
 {
     float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -82,6 +95,10 @@ int k3_mla_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
                 const uint16_t *w = (const uint16_t *)kvb->data + (row0 + r) * KVL;
                 for (uint32_t c = 0; c < KVL; c++)
                     ql[c] += bf16_widen(w[c]) * qr;
+            } else if (kvb->dtype == K3_DT_F16) {
+                const uint16_t *w = (const uint16_t *)kvb->data + (row0 + r) * KVL;
+                for (uint32_t c = 0; c < KVL; c++)
+                    ql[c] += f16_widen(w[c]) * qr;
             } else {
                 const float *w = (const float *)kvb->data + (row0 + r) * KVL;
                 for (uint32_t c = 0; c < KVL; c++)

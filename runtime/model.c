@@ -83,25 +83,17 @@ void k3_model_mm_rows(const k3_view *W, uint64_t row0, uint64_t rows, const floa
         return;
     }
     uint64_t cols = view_cols(W);
+    /* every trunk dtype through its kernel: one contract (include/k3_kern.h) */
+    const int st = omp_in_parallel();
     if (W->dtype == K3_DT_BF16) {
         const uint16_t *w = (const uint16_t *)W->data + row0 * cols;
-        if (omp_in_parallel())
-            k3_gemm_bf16_st(w, rows, cols, X, T, Y);
-        else
-            k3_gemm_bf16(w, rows, cols, X, T, Y);
-        return;
-    }
-    /* F32 */
-    const float *w = (const float *)W->data + row0 * cols;
-#pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols * T > K3_PAR_MIN)
-    for (uint64_t r = 0; r < rows; r++) {
-        for (uint32_t t = 0; t < T; t++) {
-            float acc = 0.0f;
-            const float *x = X + (uint64_t)t * cols, *wr = w + r * cols;
-            for (uint64_t c = 0; c < cols; c++)
-                acc += wr[c] * x[c];
-            Y[(uint64_t)t * rows + r] = acc;
-        }
+        (st ? k3_gemm_bf16_st : k3_gemm_bf16)(w, rows, cols, X, T, Y);
+    } else if (W->dtype == K3_DT_F16) {
+        const uint16_t *w = (const uint16_t *)W->data + row0 * cols;
+        (st ? k3_gemm_f16_st : k3_gemm_f16)(w, rows, cols, X, T, Y);
+    } else {
+        const float *w = (const float *)W->data + row0 * cols;
+        (st ? k3_gemm_f32_st : k3_gemm_f32)(w, rows, cols, X, T, Y);
     }
 }
 
@@ -219,8 +211,8 @@ static int check_group(k3_model *m, uint32_t g, int is_head, int is_mla, int is_
         const char *where = is_head ? "model output" : "layer";
         uint64_t n = k3_view_numel(&v);
         if (cols) {
-            if (v.dtype != K3_DT_BF16 && v.dtype != K3_DT_F32)
-                return k3_err_set(e, K3_EFORMAT, "%s %u: tensor %s has dtype %s, expected BF16 or F32",
+            if (v.dtype != K3_DT_BF16 && v.dtype != K3_DT_F16 && v.dtype != K3_DT_F32)
+                return k3_err_set(e, K3_EFORMAT, "%s %u: tensor %s has dtype %s, expected BF16, F16 or F32",
                                   where, is_head ? 0 : g, k3_wslot_name(s), k3_dtype_name(v.dtype));
             if (v.ndim != 2 || v.shape[0] != rows || v.shape[1] != cols)
                 return k3_err_set(e, K3_EFORMAT,
@@ -229,8 +221,8 @@ static int check_group(k3_model *m, uint32_t g, int is_head, int is_mla, int is_
                                   (unsigned long long)(v.ndim ? v.shape[0] : 0), (unsigned long long)rows,
                                   (unsigned long long)cols);
         } else {
-            if (v.dtype != K3_DT_BF16 && v.dtype != K3_DT_F32)
-                return k3_err_set(e, K3_EFORMAT, "%s %u: tensor %s has dtype %s, expected BF16 or F32",
+            if (v.dtype != K3_DT_BF16 && v.dtype != K3_DT_F16 && v.dtype != K3_DT_F32)
+                return k3_err_set(e, K3_EFORMAT, "%s %u: tensor %s has dtype %s, expected BF16, F16 or F32",
                                   where, is_head ? 0 : g, k3_wslot_name(s), k3_dtype_name(v.dtype));
             int ok = s == K3_W_KDA_ALOG ? n >= rows : n == rows;
             if (!ok)
@@ -256,6 +248,8 @@ static void load_smalls(k3_model *m, const k3_view *v)
         uint64_t n = k3_view_numel(&v[si]);
         if (v[si].dtype == K3_DT_F32)
             memcpy(p, v[si].data, n * sizeof(float));
+        else if (v[si].dtype == K3_DT_F16)
+            k3_f16_to_f32_n((const uint16_t *)v[si].data, p, n);
         else
             k3_bf16_to_f32_n((const uint16_t *)v[si].data, p, n);
         m->vf[si] = p;

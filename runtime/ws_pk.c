@@ -178,6 +178,8 @@ static int pk_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_e
         float *o = out + (uint64_t)i * E;
         if (w->embed->dtype == K3_DT_BF16)
             k3_bf16_to_f32_n((const uint16_t *)w->rowbuf, o, E);
+        else if (w->embed->dtype == K3_DT_F16)
+            k3_f16_to_f32_n((const uint16_t *)w->rowbuf, o, E);
         else
             memcpy(o, w->rowbuf, E * sizeof(float));
     }
@@ -316,9 +318,9 @@ int k3_ws_pk_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)
                 w->views[i].shape[d] = t->shape[d];
         }
     w->embed = k3_pk_tensor_find(w->pk, "language_model.model.embed_tokens.weight");
-    if (!w->embed || (w->embed->dtype != K3_DT_BF16 && w->embed->dtype != K3_DT_F32) || w->embed->ndim != 2 ||
+    if (!w->embed || (w->embed->dtype != K3_DT_BF16 && w->embed->dtype != K3_DT_F16 && w->embed->dtype != K3_DT_F32) || w->embed->ndim != 2 ||
         w->embed->shape[0] != c->vocab_size || w->embed->shape[1] != c->hidden_size) {
-        rc = k3_err_set(e, K3_EFORMAT, "%s: embed_tokens.weight missing or not as expected: BF16/F32 [%u, %u]", dir,
+        rc = k3_err_set(e, K3_EFORMAT, "%s: embed_tokens.weight missing or not as expected: BF16/F16/F32 [%u, %u]", dir,
                         c->vocab_size, c->hidden_size);
         pk_close(&w->base);
         return rc;

@@ -132,6 +132,8 @@ static int st_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_e
         float *o = out + (uint64_t)i * E;
         if (w->embed->dtype == K3_DT_BF16)
             k3_bf16_to_f32_n((const uint16_t *)w->rowbuf, o, E);
+        else if (w->embed->dtype == K3_DT_F16)
+            k3_f16_to_f32_n((const uint16_t *)w->rowbuf, o, E);
         else
             memcpy(o, w->rowbuf, E * sizeof(float));
     }
@@ -320,9 +322,9 @@ int k3_ws_st_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)
         st_close(&w->base);
         return k3_err_set(e, K3_ENOENT, "%s: tensor language_model.model.embed_tokens.weight is missing", dir);
     }
-    if ((w->embed->dtype != K3_DT_BF16 && w->embed->dtype != K3_DT_F32) || w->embed->ndim != 2 ||
+    if ((w->embed->dtype != K3_DT_BF16 && w->embed->dtype != K3_DT_F16 && w->embed->dtype != K3_DT_F32) || w->embed->ndim != 2 ||
         w->embed->shape[0] != c->vocab_size || w->embed->shape[1] != c->hidden_size) {
-        rc = k3_err_set(e, K3_EFORMAT, "%s: embed_tokens.weight is %s [%llu, %llu], expected BF16 or F32 [%u, %u]",
+        rc = k3_err_set(e, K3_EFORMAT, "%s: embed_tokens.weight is %s [%llu, %llu], expected BF16, F16 or F32 [%u, %u]",
                         dir, k3_dtype_name(w->embed->dtype), (unsigned long long)w->embed->shape[0],
                         (unsigned long long)(w->embed->ndim > 1 ? w->embed->shape[1] : 0), c->vocab_size,
                         c->hidden_size);

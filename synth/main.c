@@ -45,6 +45,12 @@ static void usage(FILE *f)
             "  --vocab N            vocabulary size (embedding rows; padded past the tokenizer)\n"
             "  --experts mxfp4|bf16 routed experts as MXFP4 (default, like upstream) or BF16\n"
             "  --vectors real|bf16|f32|mixed  dtype of norms and biases (tiny: mixed)\n"
+            "  --trunk-dtype bf16|real|f32|f16|mixed  dtype of every non-expert tensor:\n"
+            "                  bf16 matrices; real: also routers and conv taps in F32 and\n"
+            "                  AttnRes projections as F32 [1][E], as some exporters ship\n"
+            "                  them; f32 or f16: everything; mixed: BF16/F16/F32 chosen per\n"
+            "                  tensor by a hash of its name (default bf16; tiny: mixed)\n"
+            "  --vision        also write a small vision tower (outside language_model.)\n"
             "  --alog heads|padded  A_log as [H] (default) or padded to [D]\n"
             "  --seed N             generator seed (default 1)\n"
             "  --shard-size SIZE    maximum shard file size, e.g. 512K, 5G (preset default)\n"
@@ -106,8 +112,9 @@ static int parse_size(const char *s, uint64_t *out)
 
 int main(int argc, char **argv)
 {
-    const char *dst = NULL, *preset = NULL, *experts = "mxfp4", *form = NULL, *vectors = NULL, *alog = "heads";
+    const char *dst = NULL, *preset = NULL, *experts = "mxfp4", *form = NULL, *vectors = NULL, *alog = "heads", *trunk = NULL;
     uint64_t layers = 0, vocab = 0, seed = 1, shard = 0, threads = 0, chunk = 0;
+    int vision = 0;
     int sparse = 0, no_index = 0, no_tok = 0, quiet = 0, force = 0, json = 0, no_direct = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -157,6 +164,11 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--vectors")) {
             NEED_VALUE();
             vectors = v;
+        } else if (!strcmp(a, "--trunk-dtype")) {
+            NEED_VALUE();
+            trunk = v;
+        } else if (!strcmp(a, "--vision")) {
+            vision = 1;
         } else if (!strcmp(a, "--alog")) {
             NEED_VALUE();
             alog = v;
@@ -212,6 +224,16 @@ int main(int argc, char **argv)
             return die(K3_EXIT_USAGE, "--vectors: '%s' is not real, bf16, f32 or mixed", vectors);
         o.vec_dtype = k;
     }
+    if (trunk) {
+        static const char *names[] = {"bf16", "real", "f32", "f16", "mixed"};
+        int k;
+        for (k = 0; k < 5 && strcmp(trunk, names[k]); k++)
+            ;
+        if (k == 5)
+            return die(K3_EXIT_USAGE, "--trunk-dtype: '%s' is not bf16, real, f32, f16 or mixed", trunk);
+        o.trunk_dtype = k;
+    }
+    o.vision = vision;
     if (!strcmp(alog, "padded"))
         o.alog_padded = 1;
     else if (strcmp(alog, "heads"))

@@ -24,6 +24,16 @@
 /* Vector dtype policy. */
 enum { K3_SYNTH_VEC_REAL = 0, K3_SYNTH_VEC_BF16, K3_SYNTH_VEC_F32, K3_SYNTH_VEC_MIXED };
 
+/* Trunk dtype policy (every tensor but the routed experts):
+ *   BF16:  matrices BF16, vectors by the vector policy;
+ *   REAL:  as some exporters ship K3: BF16 matrices but the routers
+ *          (gate.weight) and the conv taps in F32, the AttnRes projections
+ *          as F32 [1][E]; vectors by the vector policy;
+ *   F32, F16: every trunk tensor in that dtype;
+ *   MIXED: per tensor, BF16, F16 or F32 by a hash of its name (and the
+ *          AttnRes projections [1][E] when F32). */
+enum { K3_SYNTH_TRUNK_BF16 = 0, K3_SYNTH_TRUNK_REAL, K3_SYNTH_TRUNK_F32, K3_SYNTH_TRUNK_F16, K3_SYNTH_TRUNK_MIXED };
+
 /* The model shape and the writing options. */
 typedef struct k3_synth_model {
     char preset[16];
@@ -45,6 +55,8 @@ typedef struct k3_synth_opts {
     uint64_t seed;
     int experts_bf16;          /* experts as BF16 .weight instead of MXFP4 */
     int vec_dtype;             /* K3_SYNTH_VEC_* */
+    int trunk_dtype;           /* K3_SYNTH_TRUNK_* */
+    int vision;                /* also write a small vision tower (outside language_model.) */
     int alog_padded;           /* A_log [D] instead of [H] */
     int nested;                /* nested config.json */
     int sparse;                /* only routers, vectors and embeddings carry data */
@@ -73,6 +85,7 @@ enum k3_synth_kind {
     SK_SH_GATE, SK_SH_UP, SK_SH_DOWN,
     SK_EXP_W1_P, SK_EXP_W1_S, SK_EXP_W2_P, SK_EXP_W2_S, SK_EXP_W3_P, SK_EXP_W3_S,
     SK_EXP_W1, SK_EXP_W2, SK_EXP_W3,
+    SK_VIS_PATCH, SK_VIS_NORM, SK_VIS_PROJ,   /* --vision: not language-model tensors */
     SK_COUNT
 };
 

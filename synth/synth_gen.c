@@ -84,8 +84,8 @@ static gen gen_for(const k3_synth_tensor *t)
         g.center = 1.0f;
         g.half = 0.5f;
         return g;
-    case SK_OUT_RES_PROJ: case SK_SA_RES_PROJ: case SK_MLP_RES_PROJ:
-        g.half = (float)(2.5 / sqrt((double)t->shape[0]));
+    case SK_OUT_RES_PROJ: case SK_SA_RES_PROJ: case SK_MLP_RES_PROJ:   /* [E] or [1][E] */
+        g.half = (float)(2.5 / sqrt((double)t->shape[t->ndim - 1]));
         return g;
     case SK_KDA_ALOG:
         g.center = -0.25f;
@@ -125,6 +125,25 @@ static gen gen_for(const k3_synth_tensor *t)
     return g;
 }
 
+/* IEEE half of a finite f32, round to nearest even (overflow to inf;
+ * subnormal halves kept). The generator's values are finite and small. */
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    float a = fabsf(f);
+    if (a >= 65520.0f)
+        return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x1p-14f) {                          /* subnormal half: a multiple of 2^-24 */
+        float q = nearbyintf(a * 0x1p24f);       /* exact scaling; ties to even */
+        return (uint16_t)(sign | (uint16_t)q);
+    }
+    uint32_t au = u & 0x7fffffffu;
+    au += 0xfffu + ((au >> 13) & 1u);            /* round the 13 dropped bits to nearest even */
+    return (uint16_t)(sign | (uint16_t)(((au >> 23) - 112u) << 10 | ((au >> 13) & 0x3ffu)));
+}
+
 #define BLOCK_WORDS 512   /* 4 KiB of random words per step */
 
 /* Generate whole words [w0, w0+nw) of tensor t into out (8*nw bytes). */
@@ -151,6 +170,19 @@ static void gen_words(const k3_synth_tensor *t, const gen *g, uint64_t w0, uint6
             x[0] = c + s * (float)((double)(uint32_t)r - 2147483647.5);
             x[1] = c + s * (float)((double)(uint32_t)(r >> 32) - 2147483647.5);
             memcpy(out + 8 * j, x, 8);
+        }
+    } else if (t->dtype == K3_DT_F16) {
+        /* the BF16 values below, rounded to F16 instead (to nearest even) */
+        const float mul = 2.0f * g->half, add = g->center - 3.0f * g->half;
+        for (uint64_t j = 0; j < nw; j++) {
+            uint64_t r = word(key, w0 + j), packed = 0;
+            for (int k = 0; k < 4; k++) {
+                uint32_t u = 0x3F800000u | ((uint32_t)(r >> (16 * k)) & 0xFFFFu) << 7;
+                float f;
+                memcpy(&f, &u, 4);
+                packed |= (uint64_t)f32_to_f16(add + mul * f) << (16 * k);
+            }
+            memcpy(out + 8 * j, &packed, 8);
         }
     } else {
         /* 16 random bits as the mantissa of a float in [1, 2), then an affine

@@ -529,12 +529,13 @@ K3_TEST(convert_interrupted_by_sigint_exits_130_removes_temporaries_and_resumes)
     same_tree(ref, dst);
 }
 
-/* F32 trunk matrices become BF16 by round-to-nearest-even: a BF16 matrix
- * widened to F32 must come back bit for bit, also when the tensors start at
- * odd offsets so that elements straddle the read chunks. */
+/* F32 trunk matrices stay F32, bytes unchanged; with --trunk-dtype bf16
+ * they become BF16 by round-to-nearest-even: a BF16 matrix widened to F32
+ * must come back bit for bit, also when the tensors start at odd offsets so
+ * that elements straddle the read chunks. */
 K3_TEST(convert_f32_trunk_matrices_round_to_the_same_bf16_across_chunk_edges)
 {
-    const char *bf = path_in("bf"), *src = path_in("src"), *dst = path_in("dst");
+    const char *bf = path_in("bf"), *src = path_in("src"), *dst = path_in("dst"), *kept = path_in("kept");
     synth(bf, "--no-index --no-tokenizer");
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "mkdir -p %s && cp %s/config.json %s/", src, bf, src), 0);
     k3_err e = {0};
@@ -576,10 +577,38 @@ K3_TEST(convert_f32_trunk_matrices_round_to_the_same_bf16_across_chunk_edges)
     CHECK_EQ_INT(k3_stw_finish(w, &e), 0);
     k3_stw_free(w);
     setenv("K3_CONVERT_CHUNK", "4096", 1);
-    convert_ok(src, dst, "");
+    convert_ok(src, dst, "--trunk-dtype bf16");
+    convert_ok(src, kept, "");
     unsetenv("K3_CONVERT_CHUNK");
     verify_ok(dst);
+    verify_ok(kept);
     k3_pk *pk = NULL;
+    k3_st *sf = NULL;
+    CHECK_EQ_INT(k3_st_open(&sf, src, 0, &e), 0);
+    CHECK_EQ_INT(k3_pk_open(&pk, kept, 0, &e), 0);
+    uint32_t same = 0;
+    for (uint32_t i = 0; pk && sf && i < k3_pk_tensor_count(pk); i++) {
+        const k3_pk_tensor *t = k3_pk_tensor_at(pk, i);
+        const k3_st_tensor *s = k3_st_find(sf, t->name);
+        CHECK(s != NULL);
+        if (!s)
+            continue;
+        CHECK_EQ_INT(t->dtype, s->dtype);                             /* as stored, never rounded */
+        CHECK_EQ_INT(t->src_dtype, s->dtype);
+        uint8_t *a = malloc(s->nbytes), *b = malloc(t->nbytes);
+        CHECK_EQ_INT(k3_st_read(sf, s, a, &e), 0);
+        CHECK_EQ_INT(k3_pk_read(pk, k3_pk_unit_at(pk, t->pieces[0].unit)->file, b, t->nbytes, t->pieces[0].offset,
+                                NULL, 0, &e), 0);
+        if (s->nbytes != t->nbytes || memcmp(a, b, t->nbytes))
+            k3t_fail(__FILE__, __LINE__, "%s: not the upstream bytes", t->name);
+        same += s->dtype == K3_DT_F32 && s->ndim >= 2;
+        free(a);
+        free(b);
+    }
+    CHECK(same > 10);
+    k3_pk_close(pk);
+    k3_st_close(sf);
+    pk = NULL;
     CHECK_EQ_INT(k3_pk_open(&pk, dst, 0, &e), 0);
     uint32_t compared = 0;
     for (uint32_t i = 0; pk && i < k3_pk_tensor_count(pk); i++) {

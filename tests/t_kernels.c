@@ -836,3 +836,200 @@ K3_TEST(kern_exp_and_tanh_close_to_libm_with_special_values)
     CHECK(k3_tanhf(0.0f) == 0.0f && !signbit(k3_tanhf(0.0f)) && signbit(k3_tanhf(-0.0f)));
     CHECK(k3_tanhf(1e-30f) == 1e-30f && k3_tanhf(25.0f) == 1.0f);
 }
+
+/* ---- F32 and F16 weights ------------------------------------------------- */
+
+/* Random IEEE half with the hostile cases mixed in: subnormals, -0, the
+ * largest finite values, infinities. */
+static uint16_t rnd_f16(void)
+{
+    switch (rnd() % 32) {
+    case 0: return (uint16_t)(rnd() & 0x83ff);                      /* subnormal or +-0 */
+    case 1: return 0x8000;                                           /* -0 */
+    case 2: return (uint16_t)(0x7bff | (rnd() & 0x8000));            /* +-65504 */
+    case 3: return (uint16_t)(0x7c00 | (rnd() & 0x8000));            /* +-inf */
+    default: return (uint16_t)((rnd() & 0x8000) | (0x3000 + rnd() % 0x1800)); /* ~2^-3 .. 2^3 */
+    }
+}
+
+static float rnd_f32w(void)
+{
+    switch (rnd() % 32) {
+    case 0: return from_bits((uint32_t)rnd() & 0x807fffffu);        /* subnormal or +-0 */
+    case 1: return -0.0f;
+    case 2: return rnd_float() * 1e30f;
+    default: return rnd_float() * 0.1f;
+    }
+}
+
+/* One path against scalar for a T x cols times rows x cols product of type
+ * f16 (f16 = 1) or f32; returns 1 on a difference. */
+static int wf_case(const char *isa, int f16, uint64_t rows, uint64_t cols, uint32_t T)
+{
+    uint64_t n = rows * cols;
+    void *W = malloc(n * (f16 ? 2 : 4) + 4);
+    float *X = malloc((uint64_t)T * cols * sizeof *X + 4);
+    float *Y0 = malloc((uint64_t)T * rows * sizeof *Y0 + 4), *Y1 = malloc((uint64_t)T * rows * sizeof *Y1 + 4);
+    for (uint64_t i = 0; i < n; i++) {
+        if (f16)
+            ((uint16_t *)W)[i] = rnd_f16();
+        else
+            ((float *)W)[i] = rnd_f32w();
+    }
+    fill_x(X, (uint64_t)T * cols);
+    const k3_kern_path *p = k3_kern_path_find(isa);
+    memset(Y1, 0xff, (uint64_t)T * rows * sizeof *Y1);
+    if (f16) {
+        k3_kern_path_scalar.gemm_f16_rows(W, rows, cols, X, T, Y0, 0, rows);
+        p->gemm_f16_rows(W, rows, cols, X, T, Y1, 0, rows);
+    } else {
+        k3_kern_path_scalar.gemm_f32_rows(W, rows, cols, X, T, Y0, 0, rows);
+        p->gemm_f32_rows(W, rows, cols, X, T, Y1, 0, rows);
+    }
+    long d = first_diff(Y0, Y1, (uint64_t)T * rows);
+    if (d >= 0)
+        k3t_fail(__FILE__, __LINE__, "%s %s %llux%llu T=%u: Y[%ld] %a != scalar %a", isa, f16 ? "f16" : "f32",
+                 (unsigned long long)rows, (unsigned long long)cols, T, d, Y1[d], Y0[d]);
+    free(W), free(X), free(Y0), free(Y1);
+    return d >= 0;
+}
+
+/* Every T from 1 to 70 (every tile remainder of every path), odd row counts
+ * (row-block tails), odd column counts (lane tails), a few long rows. */
+static void wf_every_path(int f16)
+{
+    int ran = 0;
+    for (size_t k = 0; k < sizeof isas / sizeof *isas; k++) {
+        if (!k3_kern_supported(isas[k]))
+            continue;
+        ran++;
+        CHECK(k3_kern_path_find(isas[k])->gemm_f32_rows && k3_kern_path_find(isas[k])->gemm_f16_rows);
+        for (uint32_t T = 1; T <= 70; T++) {
+            uint64_t rows = 1 + rnd() % 11, cols = 1 + rnd() % 150;
+            if (T <= 3)
+                cols = T;                                            /* fewer columns than a vector */
+            if (wf_case(isas[k], f16, rows, cols, T))
+                return;
+        }
+        static const uint64_t shapes[][3] = {{5, 7168 + 5, 1}, {9, 2048 + 31, 1}, {3, 1000, 17}, {13, 33, 1},
+                                             {16, 64, 5}, {1, 12288 + 1, 2}};
+        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+            if (wf_case(isas[k], f16, shapes[i][0], shapes[i][1], (uint32_t)shapes[i][2]))
+                return;
+    }
+    CHECK(ran > 0 || !k3_kern_supported("avx2"));
+}
+
+K3_TEST(kern_f32_every_path_bit_identical_to_scalar)
+{
+    wf_every_path(0);
+}
+
+K3_TEST(kern_f16_every_path_bit_identical_to_scalar)
+{
+    wf_every_path(1);
+}
+
+/* The scalar F32 and F16 products are the bf16 contract with another
+ * widening: the same weights given as bf16, as f32 (widened) and as f16
+ * (values chosen exactly representable in all three) give the same bits on
+ * every path, including the threaded entry points. */
+K3_TEST(kern_f32_f16_follow_the_bf16_contract)
+{
+    enum { R = 37, C = 301, T = 6 };
+    uint16_t *Wb = malloc(R * C * 2), *Wh = malloc(R * C * 2);
+    float *Wf = malloc(R * C * 4), *X = malloc(T * C * 4);
+    float *Y[4];
+    for (int i = 0; i < 4; i++)
+        Y[i] = malloc(T * R * 4);
+    for (int i = 0; i < R * C; i++) {
+        /* 8 significant bits and a small exponent: exact in bf16 and in f16 */
+        float v = (float)((int)(rnd() % 256) - 128) * ldexpf(1.0f, (int)(rnd() % 8) - 10);
+        Wf[i] = v;
+        Wb[i] = k3_f32_to_bf16(v);
+        Wh[i] = (uint16_t)0;
+    }
+    for (int i = 0; i < R * C; i++) {
+        /* f16 bits of Wf[i], found by search over the exact conversion */
+        uint32_t u = bits(Wf[i]);
+        uint16_t s = (uint16_t)((u >> 16) & 0x8000u);
+        if ((u & 0x7fffffffu) == 0) {
+            Wh[i] = s;
+            continue;
+        }
+        int ex = (int)((u >> 23) & 0xff) - 127;
+        Wh[i] = (uint16_t)(s | (uint16_t)((ex + 15) << 10) | (uint16_t)((u >> 13) & 0x3ff));
+        CHECK(bits(k3_f16_to_f32(Wh[i])) == u);
+    }
+    fill_x(X, T * C);
+    static const char *const all[] = {"scalar", "avx2", "avx512", "neon"};
+    for (size_t k = 0; k < sizeof all / sizeof *all; k++) {
+        if (!k3_kern_supported(all[k]))
+            continue;
+        CHECK_EQ_INT(k3_kern_use(all[k]), 0);
+        k3_gemm_bf16(Wb, R, C, X, T, Y[0]);
+        k3_gemm_f32(Wf, R, C, X, T, Y[1]);
+        k3_gemm_f16(Wh, R, C, X, T, Y[2]);
+        k3_gemm_f32_st(Wf, R, C, X, T, Y[3]);
+        CHECK_EQ_INT(first_diff(Y[0], Y[1], T * R), -1);
+        CHECK_EQ_INT(first_diff(Y[0], Y[2], T * R), -1);
+        CHECK_EQ_INT(first_diff(Y[0], Y[3], T * R), -1);
+        k3_gemm_f16_st(Wh, R, C, X, T, Y[3]);
+        CHECK_EQ_INT(first_diff(Y[0], Y[3], T * R), -1);
+    }
+    free(Wb), free(Wh), free(Wf), free(X);
+    for (int i = 0; i < 4; i++)
+        free(Y[i]);
+}
+
+K3_TEST(kern_f32_f16_identical_for_every_thread_count)
+{
+    enum { R = 301, C = 544, T = 5 };
+    uint16_t *Wh = malloc(R * C * 2);
+    float *Wf = malloc(R * C * 4), *X = malloc(T * C * 4);
+    float *A0 = malloc(T * R * 4), *A1 = malloc(T * R * 4), *B0 = malloc(T * R * 4), *B1 = malloc(T * R * 4);
+    for (int i = 0; i < R * C; i++) {
+        Wh[i] = rnd_f16();
+        Wf[i] = rnd_f32w();
+    }
+    fill_x(X, T * C);
+    k3_gemm_f32_st(Wf, R, C, X, T, A0);
+    k3_gemm_f16_st(Wh, R, C, X, T, B0);
+    for (int n = 1; n <= 5; n++) {
+        omp_set_num_threads(n);
+        memset(A1, 0xff, T * R * 4);
+        memset(B1, 0xff, T * R * 4);
+        k3_gemm_f32(Wf, R, C, X, T, A1);
+        k3_gemm_f16(Wh, R, C, X, T, B1);
+        CHECK_EQ_INT(first_diff(A0, A1, T * R), -1);
+        CHECK_EQ_INT(first_diff(B0, B1, T * R), -1);
+    }
+    free(Wh), free(Wf), free(X), free(A0), free(A1), free(B0), free(B1);
+}
+
+/* Every one of the 65536 halves, widened by F16C on the SIMD paths and by
+ * k3_f16_to_f32 in ref.c, as a 1-column matrix times x = 1: Y is the
+ * widened weight (-0 comes out +0: the lanes start at +0). */
+K3_TEST(kern_f16_widening_matches_f16c_on_every_half)
+{
+    enum { N = 65536 };
+    uint16_t *W = malloc(N * 2);
+    float X[1] = {1.0f}, *Y0 = malloc(N * 4), *Y1 = malloc(N * 4);
+    for (uint32_t h = 0; h < N; h++)
+        W[h] = (uint16_t)h;
+    k3_kern_path_scalar.gemm_f16_rows(W, N, 1, X, 1, Y0, 0, N);
+    for (uint32_t h = 0; h < N; h++) {
+        float w = k3_f16_to_f32((uint16_t)h);
+        if (isnan(w) ? !isnan(Y0[h]) : bits(Y0[h]) != bits(w + 0.0f))
+            k3t_fail(__FILE__, __LINE__, "half %04x: scalar %a, widened %a", h, Y0[h], w);
+    }
+    for (size_t k = 0; k < sizeof isas / sizeof *isas; k++) {
+        if (!k3_kern_supported(isas[k]))
+            continue;
+        k3_kern_path_find(isas[k])->gemm_f16_rows(W, N, 1, X, 1, Y1, 0, N);
+        for (uint32_t h = 0; h < N; h++)
+            if (isnan(Y0[h]) ? !isnan(Y1[h]) : bits(Y0[h]) != bits(Y1[h]))
+                k3t_fail(__FILE__, __LINE__, "%s half %04x: %a != scalar %a", isas[k], h, Y1[h], Y0[h]);
+    }
+    free(W), free(Y0), free(Y1);
+}

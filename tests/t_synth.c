@@ -7,6 +7,7 @@
  */
 #include "k3_cfg.h"
 #include "k3_io.h"
+#include "k3_kern.h"
 #include "k3_progress.h"
 #include "k3_st.h"
 #include "k3_stw.h"
@@ -341,6 +342,8 @@ static float *load_f(k3_st *st, const char *name, uint64_t *n)
     for (uint64_t i = 0; i < cnt; i++)
         if (t->dtype == K3_DT_F32)
             memcpy(&f[i], raw + 4 * i, 4);
+        else if (t->dtype == K3_DT_F16)
+            f[i] = k3_f16_to_f32((uint16_t)(raw[2 * i] | raw[2 * i + 1] << 8));
         else
             f[i] = bf16(raw, i);
     free(raw);

@@ -148,6 +148,9 @@ int main(int argc, char **argv)
                    " CRCs, %.2f s, %.0f MB/s)\n",
                    path, packed ? "packed" : "upstream", v.full ? "full" : "quick", v.files, v.bytes_hashed,
                    v.crcs_checked, secs, secs > 0 ? (double)v.bytes_hashed / secs / 1e6 : 0.0);
+        char pre[4200];
+        snprintf(pre, sizeof pre, "k3-verify: %s: ", path);
+        k3_vfy_packed_notes(&v, stdout, pre);
     }
     return v.problems ? K3_EXIT_PROBLEMS : K3_EXIT_OK;
 }

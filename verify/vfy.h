@@ -31,8 +31,20 @@ typedef struct k3_vfy {
     uint32_t sample;            /* --quick: records sampled */
     uint64_t problems;
     uint64_t files, bytes_hashed, crcs_checked;
+    /* A packed model's stored dtypes and what its conversion left out (from
+     * the manifest; zero counts if it could not be read): printed after the
+     * verdict (vfy_packed.c: k3_vfy_packed_notes). */
+    int have_model;
+    uint32_t trunk_n[3];        /* tensors stored as BF16, F16, F32 */
+    uint32_t trunk_rounded;     /* of them rounded to BF16 (--trunk-dtype bf16) */
+    uint64_t left_outside_n, left_outside_bytes, left_unused_n, left_unused_bytes;
     pthread_mutex_t mu;
 } k3_vfy;
+
+/* The lines that name the stored trunk dtypes (and whether any was rounded:
+ * lossy) and the tensors left out, each prefixed with pre; nothing when no
+ * manifest was read. */
+void k3_vfy_packed_notes(const k3_vfy *v, FILE *f, const char *pre);
 
 /* Report one problem (thread-safe): "DIR/FILE: message" (file may be NULL:
  * the directory itself). */

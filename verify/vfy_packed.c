@@ -409,6 +409,16 @@ int k3_vfy_packed(k3_vfy *v, k3_err *e)
         k3_vfy_problem(v, "manifest.json", "%s", msg);
         return 0;
     }
+    v->have_model = 1;
+    for (uint32_t i = 0; i < s.m.ntensors; i++) {
+        k3_dtype d = s.m.tensors[i].dtype;
+        v->trunk_n[d == K3_DT_F32 ? 2 : d == K3_DT_F16 ? 1 : 0]++;
+    }
+    v->trunk_rounded = s.m.trunk_rounded;
+    v->left_outside_n = s.m.left_outside_n;
+    v->left_outside_bytes = s.m.left_outside_bytes;
+    v->left_unused_n = s.m.left_unused_n;
+    v->left_unused_bytes = s.m.left_unused_bytes;
     s.size_ok = calloc(s.m.nfiles ? s.m.nfiles : 1, sizeof *s.size_ok);
     if (!s.size_ok) {
         k3_man_free(&s.m);
@@ -428,4 +438,21 @@ int k3_vfy_packed(k3_vfy *v, k3_err *e)
     free(s.size_ok);
     k3_man_free(&s.m);
     return 0;
+}
+
+void k3_vfy_packed_notes(const k3_vfy *v, FILE *f, const char *pre)
+{
+    if (!v->have_model)
+        return;
+    uint32_t n = v->trunk_n[0] + v->trunk_n[1] + v->trunk_n[2];
+    if (v->trunk_rounded)
+        fprintf(f, "%strunk: %u tensors, %u BF16, %u F16, %u F32; LOSSY: %u rounded to BF16 on request "
+                "(k3-convert --trunk-dtype bf16)\n", pre, n, v->trunk_n[0], v->trunk_n[1], v->trunk_n[2],
+                v->trunk_rounded);
+    else
+        fprintf(f, "%strunk: %u tensors, %u BF16, %u F16, %u F32, all as stored upstream (lossless)\n", pre, n,
+                v->trunk_n[0], v->trunk_n[1], v->trunk_n[2]);
+    fprintf(f, "%sleft out: %" PRIu64 " tensors outside language_model. (%" PRIu64 " bytes), %" PRIu64
+            " unused by the config (%" PRIu64 " bytes)\n", pre, v->left_outside_n, v->left_outside_bytes,
+            v->left_unused_n, v->left_unused_bytes);
 }
