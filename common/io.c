@@ -363,6 +363,52 @@ int k3_io_read_file(const char *path, uint64_t max_bytes, char **buf, uint64_t *
     return 0;
 }
 
+int k3_io_read_fd(int fd, uint64_t max_bytes, char **buf, uint64_t *len, const char *name, k3_err *e)
+{
+    *buf = NULL;
+    if (len)
+        *len = 0;
+    uint64_t cap = 4096, n = 0;
+    char *p = malloc(cap);
+    if (!p)
+        return k3_err_set(e, K3_ENOMEM, "%s: out of memory", name);
+    for (;;) {
+        if (n + 1 >= cap) {
+            if (cap > max_bytes) {
+                free(p);
+                return k3_err_set(e, K3_ELIMIT, "%s: more than the %" PRIu64 "-byte limit", name, max_bytes);
+            }
+            char *q = realloc(p, cap * 2);
+            if (!q) {
+                free(p);
+                return k3_err_set(e, K3_ENOMEM, "%s: out of memory for %" PRIu64 " bytes", name, cap * 2);
+            }
+            p = q;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, p + n, (size_t)(cap - 1 - n));
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            int en = errno;
+            free(p);
+            return k3_err_sys(e, K3_EIO, en, "%s: read at byte %" PRIu64, name, n);
+        }
+        if (r == 0)
+            break;
+        n += (uint64_t)r;
+    }
+    if (n > max_bytes) {
+        free(p);
+        return k3_err_set(e, K3_ELIMIT, "%s: more than the %" PRIu64 "-byte limit", name, max_bytes);
+    }
+    p[n] = '\0';
+    *buf = p;
+    if (len)
+        *len = n;
+    return 0;
+}
+
 /* ---- memory --------------------------------------------------------------- */
 
 void *k3_io_alloc_aligned(uint64_t n, uint64_t align)
@@ -504,6 +550,28 @@ int k3_io_publish(int fd, const char *tmp_path, const char *dst, k3_err *e)
 
 int k3_io_write_file_atomic(const char *dst, const void *buf, uint64_t n, k3_err *e)
 {
+    struct stat st;
+    if (stat(dst, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+        /* a device or a pipe (/dev/stdout): written in place, never renamed over */
+        int fd = open(dst, O_WRONLY | O_CLOEXEC);
+        if (fd < 0)
+            return k3_err_sys(e, K3_EIO, errno, "%s: cannot open for writing", dst);
+        uint64_t done = 0;
+        int rc = 0;
+        while (rc == 0 && done < n) {
+            size_t chunk = n - done > (1u << 30) ? (1u << 30) : (size_t)(n - done);
+            ssize_t r = write(fd, (const char *)buf + done, chunk);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                rc = k3_err_sys(e, K3_EIO, r < 0 ? errno : ENOSPC, "%s: write at byte %" PRIu64, dst, done);
+            else
+                done += (uint64_t)r;
+        }
+        if (close(fd) != 0 && rc == 0)
+            rc = k3_err_sys(e, K3_EIO, errno, "%s: close", dst);
+        return rc;
+    }
     char tmp[PATH_MAX];
     int fd = k3_io_tmp_create(dst, 1, tmp, sizeof tmp, e);
     if (fd < 0)

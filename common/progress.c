@@ -22,6 +22,7 @@
 
 struct k3_progress {
     char label[64];
+    char unit[16];              /* "" : bytes */
     uint64_t total;
     FILE *out;
     int quiet;
@@ -72,14 +73,22 @@ static void print_line(k3_progress *p, uint64_t done, uint64_t t, int final)
     char d[32], tot[32], rate[32], eta[32], el[32];
     double secs = (double)(t - p->start_ns) / 1e9;
     double r = secs > 0 ? (double)done / secs : 0;
-    fmt_bytes(d, sizeof d, (double)done);
-    fmt_bytes(rate, sizeof rate, r);
+    if (p->unit[0]) {
+        snprintf(d, sizeof d, "%llu %s", (unsigned long long)done, p->unit);
+        snprintf(rate, sizeof rate, "%.1f %s", r, p->unit);
+    } else {
+        fmt_bytes(d, sizeof d, (double)done);
+        fmt_bytes(rate, sizeof rate, r);
+    }
     fmt_secs(el, sizeof el, secs);
     char line[256];
     if (final) {
         snprintf(line, sizeof line, "%s: %s in %s, %s/s", p->label, d, el, rate);
     } else if (p->total) {
-        fmt_bytes(tot, sizeof tot, (double)p->total);
+        if (p->unit[0])
+            snprintf(tot, sizeof tot, "%llu", (unsigned long long)p->total);
+        else
+            fmt_bytes(tot, sizeof tot, (double)p->total);
         double left = done < p->total && r > 0 ? (double)(p->total - done) / r : 0;
         fmt_secs(eta, sizeof eta, left);
         snprintf(line, sizeof line, "%s: %s / %s (%.1f%%), %s/s, ETA %s", p->label, d, tot,
@@ -94,7 +103,7 @@ static void print_line(k3_progress *p, uint64_t done, uint64_t t, int final)
     fflush(p->out);
 }
 
-k3_progress *k3_progress_create(const char *label, uint64_t total_bytes, FILE *out, int quiet)
+k3_progress *k3_progress_create(const char *label, uint64_t total_bytes, FILE *out, int mode)
 {
     k3_progress *p = calloc(1, sizeof *p);
     if (!p)
@@ -102,8 +111,8 @@ k3_progress *k3_progress_create(const char *label, uint64_t total_bytes, FILE *o
     snprintf(p->label, sizeof p->label, "%s", label ? label : "progress");
     p->total = total_bytes;
     p->out = out;
-    p->quiet = quiet || !out;
     p->tty = out && isatty(fileno(out));
+    p->quiet = mode == K3_PROGRESS_QUIET || !out || (mode != K3_PROGRESS_FORCE && !p->tty);
     p->start_ns = now_ns();
     atomic_init(&p->done, 0);
     atomic_init(&p->next_ns, p->start_ns + K3_PROGRESS_QUIET_NS);
@@ -143,6 +152,18 @@ void k3_progress_finish(k3_progress *p)
     if (!atomic_load(&p->printed) && t - p->start_ns < K3_PROGRESS_QUIET_NS)
         return;
     print_line(p, atomic_load(&p->done), t, 1);
+}
+
+void k3_progress_set_unit(k3_progress *p, const char *unit)
+{
+    if (p)
+        snprintf(p->unit, sizeof p->unit, "%s", unit ? unit : "");
+}
+
+void k3_progress_set_total(k3_progress *p, uint64_t total)
+{
+    if (p)
+        p->total = total;
 }
 
 void k3_progress_free(k3_progress *p)

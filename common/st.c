@@ -295,9 +295,10 @@ check:
                           !have_shape ? "shape " : "", !have_offsets ? "data_offsets" : "");
     if (begin > end)
         return k3_jc_fail(j, entry, K3_EFORMAT, "data_offsets begin %" PRIu64 " > end %" PRIu64, begin, end);
-    if (end > data_size)
-        return k3_jc_fail(j, entry, K3_EFORMAT,
-                          "data_offsets [%" PRIu64 ", %" PRIu64 ") run past the data area (%" PRIu64 " bytes)",
+    if (end > data_size)   /* the header is whole, the data is not: a truncated file (README: exit 4) */
+        return k3_jc_fail(j, entry, K3_EIO,
+                          "data_offsets [%" PRIu64 ", %" PRIu64 ") run past the data area (%" PRIu64
+                          " bytes): the file is truncated",
                           begin, end, data_size);
     uint64_t n = k3_dtype_size(t->dtype);
     for (uint32_t d = 0; d < t->ndim; d++) {
@@ -359,8 +360,8 @@ int k3_st_header_parse(k3_st_header *h, const char *shard_name, const uint8_t *h
         return k3_err_set(e, K3_ELIMIT, "%s: byte 0: header length %" PRIu64 " exceeds the %u-byte limit",
                           shard_name, hdr_len, K3_ST_MAX_HEADER);
     if (file_size < 8 || hdr_len > file_size - 8)
-        return k3_err_set(e, K3_EFORMAT, "%s: byte 0: header length %" PRIu64 " runs past end of file (%" PRIu64
-                          " bytes)", shard_name, hdr_len, file_size);
+        return k3_err_set(e, K3_EIO, "%s: byte 0: header length %" PRIu64 " runs past end of file (%" PRIu64
+                          " bytes): the file is truncated", shard_name, hdr_len, file_size);
     h->data_start = 8 + hdr_len;
     uint64_t data_size = file_size - h->data_start;
     k3_jc j = {.start = hdr, .p = hdr, .end = hdr + hdr_len, .base = 8, .file = shard_name, .e = e};
@@ -528,6 +529,35 @@ out:
     return rc;
 }
 
+/* 1 if bytes [from, to) of the file hold no control byte but whitespace
+ * (JSON text), 0 if they do, negative on a read error. to - from is below
+ * the header bound, so this reads at most K3_ST_MAX_HEADER bytes. */
+static int tail_is_text(int fd, int direct, uint64_t from, uint64_t to, const char *path, k3_err *e)
+{
+    const uint64_t C = 1u << 20;
+    uint8_t *buf = k3_io_alloc_aligned(C + 2 * K3_IO_DIRECT_ALIGN, K3_IO_DIRECT_ALIGN);
+    uint8_t *bounce = direct ? k3_io_alloc_aligned(C + 2 * K3_IO_DIRECT_ALIGN, K3_IO_DIRECT_ALIGN) : NULL;
+    int rc = buf && (!direct || bounce) ? 1 : k3_err_set(e, K3_ENOMEM, "%s: out of memory", path);
+    for (uint64_t at = from; rc == 1 && at < to;) {
+        uint64_t k = to - at < C ? to - at : C;
+        int r = direct ? k3_io_pread_direct(fd, buf, k, at, bounce, C + 2 * K3_IO_DIRECT_ALIGN, path, e)
+                       : k3_io_pread(fd, buf, k, at, path, e);
+        if (r < 0) {
+            rc = r;
+            break;
+        }
+        for (uint64_t i = 0; i < k; i++)
+            if (buf[i] < 0x20 && buf[i] != ' ' && buf[i] != '\t' && buf[i] != '\n' && buf[i] != '\r') {
+                rc = 0;
+                break;
+            }
+        at += k;
+    }
+    k3_io_free_aligned(buf);
+    k3_io_free_aligned(bounce);
+    return rc;
+}
+
 int k3_st_header_read(k3_st_header *h, int fd, const char *path, k3_err *e)
 {
     memset(h, 0, sizeof *h);
@@ -536,8 +566,8 @@ int k3_st_header_read(k3_st_header *h, int fd, const char *path, k3_err *e)
     if (rc)
         return rc;
     if (size < 8)
-        return k3_err_set(e, K3_EFORMAT, "%s: byte 0: file is %" PRIu64 " bytes, too short for the 8-byte header length",
-                          path, size);
+        return k3_err_set(e, K3_EIO, "%s: byte 0: file is %" PRIu64 " bytes, too short for the 8-byte header length: "
+                          "the file is truncated", path, size);
     int flags = fcntl(fd, F_GETFL);
     int direct = flags >= 0 && (flags & O_DIRECT);
     uint8_t *bounce = NULL;
@@ -565,9 +595,17 @@ int k3_st_header_read(k3_st_header *h, int fd, const char *path, k3_err *e)
                           K3_ST_MAX_HEADER);
     }
     if (n > size - 8) {
+        /* cut inside the header (what follows the length is all text), or a
+         * corrupt length (the header text is followed by tensor bytes) */
         k3_io_free_aligned(bounce);
-        return k3_err_set(e, K3_EFORMAT, "%s: byte 0: header length %" PRIu64 " runs past end of file (%" PRIu64 " bytes)",
-                          path, n, size);
+        int text = tail_is_text(fd, direct, 8, size, path, e);
+        if (text < 0)
+            return text;
+        if (!text)
+            return k3_err_set(e, K3_EFORMAT, "%s: byte 0: header length %" PRIu64 " runs past end of file (%" PRIu64
+                              " bytes), and binary data follows the header text: a corrupt length", path, n, size);
+        return k3_err_set(e, K3_EIO, "%s: byte 0: header length %" PRIu64 " runs past end of file (%" PRIu64
+                          " bytes): the file is truncated", path, n, size);
     }
     uint8_t *text = malloc(n ? (size_t)n : 1);
     if (!text) {

@@ -12,12 +12,18 @@
  */
 #include "conv_out.h"
 
+/* The SHA256_* calls are deprecated in OpenSSL 3 but kept: their context is a
+ * plain struct, the one way to carry a hash across a process (a checkpoint);
+ * EVP contexts cannot be saved. */
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h> /* crc32_combine64 */
 
@@ -45,11 +51,11 @@ uint32_t k3_conv_crc32_zeros(uint32_t crc, uint64_t n)
 static void feed(k3_conv_w *w, const uint8_t *buf, uint64_t n)
 {
     if (buf) {
-        EVP_DigestUpdate(w->md, buf, (size_t)n);
+        SHA256_Update(&w->sha, buf, (size_t)n);
     } else {
         for (uint64_t left = n; left;) {
             uint64_t take = left > sizeof zeros ? sizeof zeros : left;
-            EVP_DigestUpdate(w->md, zeros, (size_t)take);
+            SHA256_Update(&w->sha, zeros, (size_t)take);
             left -= take;
         }
     }
@@ -156,8 +162,7 @@ int k3_conv_w_open(k3_conv_w *w, const char *dir, k3_conv_ofile *of, int dense, 
         return rc;
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp", w->path);
     w->done = calloc(of->next ? of->next : 1, sizeof *w->done);
-    w->md = EVP_MD_CTX_new();
-    if (!w->done || !w->md || EVP_DigestInit_ex(w->md, EVP_sha256(), NULL) != 1)
+    if (!w->done || SHA256_Init(&w->sha) != 1)
         return k3_err_set(e, K3_ENOMEM, "%s: out of memory", w->tmp);
     w->crc = 0;   /* the CRC of nothing */
     /* the temporary is ours: a stale one from an interrupted run is replaced */
@@ -265,7 +270,8 @@ int k3_conv_w_finish(k3_conv_w *w, uint8_t sha[32], k3_err *e)
     if (w->creg != w->of->nregions)
         return k3_err_set(e, K3_EINTERNAL, "%s: region %u of %u not closed", w->tmp, w->creg, w->of->nregions);
     unsigned int len = 0;
-    if (EVP_DigestFinal_ex(w->md, sha, &len) != 1)
+    (void)len;
+    if (SHA256_Final(sha, &w->sha) != 1)
         return k3_err_set(e, K3_EINTERNAL, "%s: SHA-256 failed", w->tmp);
     return 0;
 }
@@ -300,10 +306,150 @@ void k3_conv_w_close(k3_conv_w *w, int remove_tmp)
         if (remove_tmp)
             unlink(w->tmp);
     }
-    EVP_MD_CTX_free(w->md);
-    w->md = NULL;
     free(w->done);
     w->done = NULL;
     free(w->rb);
     w->rb = NULL;
+}
+
+/* ---- checkpoints ------------------------------------------------------------ */
+
+static void hex_bytes(const void *p, size_t n, char *out)
+{
+    static const char d[] = "0123456789abcdef";
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = d[b[i] >> 4];
+        out[2 * i + 1] = d[b[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+static int unhex_bytes(const char *s, void *p, size_t n)
+{
+    uint8_t *b = p;
+    if (strlen(s) != 2 * n)
+        return -1;
+    for (size_t i = 0; i < 2 * n; i++) {
+        int v = s[i] >= '0' && s[i] <= '9' ? s[i] - '0' : s[i] >= 'a' && s[i] <= 'f' ? s[i] - 'a' + 10 : -1;
+        if (v < 0)
+            return -1;
+        if (i % 2 == 0)
+            b[i / 2] = (uint8_t)(v << 4);
+        else
+            b[i / 2] |= (uint8_t)v;
+    }
+    return 0;
+}
+
+int k3_conv_w_checkpoint(k3_conv_w *w, uint32_t next, cJSON **out, k3_err *e)
+{
+    *out = NULL;
+    const k3_conv_ofile *of = w->of;
+    if (next == 0 || next > of->next || w->cur != next || w->done[next - 1] != of->ext[next - 1].len ||
+        w->frontier != of->ext[next - 1].off + of->ext[next - 1].len)
+        return 0;
+    if ((w->dfd >= 0 && fsync(w->dfd) != 0) || fsync(w->fd) != 0)
+        return k3_err_sys(e, K3_EIO, errno, "%s: fsync", w->tmp);
+    w->synced = w->written;
+    char shx[2 * sizeof(SHA256_CTX) + 1], h[9];
+    hex_bytes(&w->sha, sizeof w->sha, shx);
+    cJSON *o = cJSON_CreateObject();
+    cJSON *rc = cJSON_CreateArray();
+    for (uint32_t i = 0; rc && i < w->creg; i++) {
+        snprintf(h, sizeof h, "%08x", of->region_crc[i]);
+        cJSON_AddItemToArray(rc, cJSON_CreateString(h));
+    }
+    snprintf(h, sizeof h, "%08x", w->crc);
+    if (!o || !rc || !cJSON_AddNumberToObject(o, "next", next) || !cJSON_AddNumberToObject(o, "size", (double)of->size) ||
+        !cJSON_AddNumberToObject(o, "frontier", (double)w->frontier) ||
+        !cJSON_AddNumberToObject(o, "creg", w->creg) || !cJSON_AddStringToObject(o, "crc", h) ||
+        !cJSON_AddNumberToObject(o, "written", (double)w->written) ||
+        !cJSON_AddNumberToObject(o, "holes", (double)w->holes) || !cJSON_AddStringToObject(o, "sha_state", shx)) {
+        cJSON_Delete(o);
+        cJSON_Delete(rc);
+        return k3_err_set(e, K3_ENOMEM, "%s: out of memory", w->tmp);
+    }
+    cJSON_AddItemToObject(o, "region_crcs", rc);
+    *out = o;
+    return 0;
+}
+
+static int get_u64(const cJSON *o, const char *k, uint64_t *v)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9007199254740992.0 ||
+        x->valuedouble != (double)(uint64_t)x->valuedouble)
+        return -1;
+    *v = (uint64_t)x->valuedouble;
+    return 0;
+}
+
+static int get_crc(const cJSON *x, uint32_t *v)
+{
+    char *end;
+    if (!cJSON_IsString(x) || strlen(x->valuestring) != 8)
+        return -1;
+    *v = (uint32_t)strtoul(x->valuestring, &end, 16);
+    return *end ? -1 : 0;
+}
+
+int k3_conv_w_resume(k3_conv_w *w, const char *dir, k3_conv_ofile *of, int dense, const cJSON *state,
+                     uint32_t *next, k3_err *e)
+{
+    uint64_t nx, size, frontier, creg, written, holes;
+    uint32_t crc;
+    const cJSON *shx = cJSON_GetObjectItemCaseSensitive(state, "sha_state");
+    const cJSON *rcs = cJSON_GetObjectItemCaseSensitive(state, "region_crcs");
+    SHA256_CTX sha;
+    int fits = state && !get_u64(state, "next", &nx) && !get_u64(state, "size", &size) &&
+               !get_u64(state, "frontier", &frontier) && !get_u64(state, "creg", &creg) &&
+               !get_u64(state, "written", &written) && !get_u64(state, "holes", &holes) &&
+               !get_crc(cJSON_GetObjectItemCaseSensitive(state, "crc"), &crc) && cJSON_IsString(shx) &&
+               !unhex_bytes(shx->valuestring, &sha, sizeof sha) && cJSON_IsArray(rcs) && size == of->size &&
+               nx >= 1 && nx <= of->next && frontier == of->ext[nx - 1].off + of->ext[nx - 1].len &&
+               creg <= of->nregions && (uint64_t)cJSON_GetArraySize(rcs) == creg;
+    char tmp[4200];
+    struct stat st;
+    k3_err ignore = {0};
+    fits = fits && k3_io_path_join(tmp, sizeof tmp, dir, of->name, &ignore) == 0 &&
+           snprintf(tmp + strlen(tmp), sizeof tmp - strlen(tmp), ".tmp") > 0 && stat(tmp, &st) == 0 &&
+           S_ISREG(st.st_mode) && (uint64_t)st.st_size == of->size;
+    if (!fits)
+        return k3_conv_w_open(w, dir, of, dense, e);
+    memset(w, 0, sizeof *w);
+    w->fd = w->dfd = -1;
+    w->of = of;
+    w->dense = dense;
+    int rc = k3_io_path_join(w->path, sizeof w->path, dir, of->name, e);
+    if (rc)
+        return rc;
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp", w->path);
+    w->done = calloc(of->next ? of->next : 1, sizeof *w->done);
+    if (!w->done)
+        return k3_err_set(e, K3_ENOMEM, "%s: out of memory", w->tmp);
+    uint32_t i = 0;
+    for (const cJSON *it = rcs->child; it; it = it->next, i++)
+        if (get_crc(it, &of->region_crc[i]))
+            return k3_conv_w_open(w, dir, of, dense, e);
+    w->fd = open(w->tmp, O_RDWR | O_CLOEXEC);
+    if (w->fd < 0)
+        return k3_err_sys(e, K3_EIO, errno, "%s: cannot open", w->tmp);
+    /* the kept bytes end at the frontier; whatever the killed run wrote
+     * after it is zeroed (those extents are written again, and their holes
+     * must read as zeros) */
+    if (ftruncate(w->fd, (off_t)frontier) != 0 || ftruncate(w->fd, (off_t)of->size) != 0)
+        return k3_err_sys(e, K3_EIO, errno, "%s: cannot cut back to %" PRIu64 " bytes", w->tmp, frontier);
+    w->dfd = open(w->tmp, O_WRONLY | O_CLOEXEC | O_DIRECT);
+    w->sha = sha;
+    w->crc = crc;
+    w->creg = (uint32_t)creg;
+    w->frontier = frontier;
+    w->cur = (uint32_t)nx;
+    for (uint32_t k = 0; k < nx; k++)
+        w->done[k] = of->ext[k].len;
+    w->written = w->synced = written;
+    w->holes = holes;
+    *next = (uint32_t)nx;
+    return 1;
 }

@@ -445,6 +445,9 @@ int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, int tr
     int rc;
     if (!(p->src = strdup(src)) || !(p->dst = strdup(dst)))
         return k3_err_set(e, K3_ENOMEM, "out of memory");
+    /* a packed model, a file, a directory we may not read: said exactly */
+    if ((rc = k3_io_dir_expect(src, K3_DIR_UPSTREAM, "k3-convert", e)) < 0)
+        goto fail;
     char cpath[4096];
     if ((rc = k3_io_path_join(cpath, sizeof cpath, src, "config.json", e)))
         goto fail;

@@ -30,7 +30,9 @@
 
 #include "conv_out.h"
 #include "k3_crc.h"
+#include "k3_dest.h"
 #include "k3_io.h"
+#include "k3_journal.h"
 #include "k3_kern.h"
 #include "k3_progress.h"
 
@@ -512,11 +514,10 @@ static int process_chunk(conv *cv, const chunk *c, k3_err *e)
 
 /* ---- journal ------------------------------------------------------------------ */
 
-static int journal_path(char *out, size_t cap, const char *dst, const char *name, k3_err *e)
+/* DST's journal (k3_journal.h): plan.json, group-NNNN.json, embed-crc.bin */
+static int conv_journal(k3_journal *j, const char *dst, k3_err *e)
 {
-    char jd[4096];
-    int rc = k3_io_path_join(jd, sizeof jd, dst, JOURNAL, e);
-    return rc ? rc : k3_io_path_join(out, cap, jd, name, e);
+    return k3_journal_init(j, dst, JOURNAL, "plan.json", e);
 }
 
 static cJSON *crc_array(const uint32_t *crc, uint32_t n)
@@ -545,7 +546,11 @@ static int journal_write_group(conv *cv, uint32_t g, k3_err *e)
 {
     k3_conv_plan *p = cv->p;
     const k3_conv_group *G = &p->groups[g];
-    char hex[65], name[64], path[4200];
+    char hex[65], name[64];
+    k3_journal j;
+    int jrc = conv_journal(&j, p->dst, e);
+    if (jrc)
+        return jrc;
     cJSON *root = cJSON_CreateObject();
     k3_man_hex(p->fingerprint, hex);
     cJSON_AddStringToObject(root, "fingerprint", hex);
@@ -569,15 +574,13 @@ static int journal_write_group(conv *cv, uint32_t g, k3_err *e)
             rc = k3_err_set(e, K3_EINTERNAL, "embedding: %" PRIu64 " bytes written, %" PRIu64 " expected", cv->erow_at,
                             V * cv->erow_rb);
         for (uint64_t i = 0; rc == 0 && i < V; i++)
-            for (int j = 0; j < 4; j++)
-                b[4 * i + j] = (uint8_t)(cv->erow[i] >> (8 * j));
+            for (int k = 0; k < 4; k++)
+                b[4 * i + k] = (uint8_t)(cv->erow[i] >> (8 * k));
         unsigned int hl;
         if (rc == 0) {
             EVP_Digest(b, 4 * V, cv->erow_sha, &hl, EVP_sha256(), NULL);
-            rc = journal_path(path, sizeof path, p->dst, "embed-crc.bin", e);
+            rc = k3_journal_put_blob(&j, "embed-crc.bin", b, 4 * V, e);
         }
-        if (rc == 0)
-            rc = k3_io_write_file_atomic(path, b, 4 * V, e);
         free(b);
         if (rc) {
             cJSON_Delete(root);
@@ -586,20 +589,11 @@ static int journal_write_group(conv *cv, uint32_t g, k3_err *e)
         k3_man_hex(cv->erow_sha, hex);
         cJSON_AddStringToObject(root, "embed_crc_sha256", hex);
     }
-    char *js = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
     /* sealed with its SHA-256, so that --resume never takes a value that
      * reads back differently from what was written */
-    size_t tl = 0;
-    char *txt = js ? k3_man_seal(js, strlen(js), &tl) : NULL;
-    free(js);
-    if (!txt)
-        return k3_err_set(e, K3_ENOMEM, "out of memory");
     snprintf(name, sizeof name, "group-%04u.json", g);
-    int rc = journal_path(path, sizeof path, p->dst, name, e);
-    if (rc == 0)
-        rc = k3_io_write_file_atomic(path, txt, tl, e);
-    free(txt);
+    int rc = k3_journal_put(&j, name, root, e);
+    cJSON_Delete(root);
     return rc;
 }
 
@@ -662,29 +656,16 @@ static int journal_load_group(conv *cv, uint32_t g, const char **why, k3_err *e)
 {
     k3_conv_plan *p = cv->p;
     k3_conv_group *G = &p->groups[g];
-    char name[64], path[4200], hex[65];
-    snprintf(name, sizeof name, "group-%04u.json", g);
-    int rc = journal_path(path, sizeof path, p->dst, name, e);
+    char name[64], hex[65];
+    k3_journal j;
+    int rc = conv_journal(&j, p->dst, e);
     if (rc)
         return rc;
-    *why = "no journal entry";
-    if (access(path, F_OK) != 0)
-        return 0;
-    char *txt;
-    uint64_t len;
+    snprintf(name, sizeof name, "group-%04u.json", g);
     k3_err ignore = {0};
-    *why = "unreadable journal entry";
-    if (k3_io_read_file(path, 16u << 20, &txt, &len, &ignore))
+    cJSON *root = k3_journal_get(&j, name, why);
+    if (!root)
         return 0;
-    *why = "journal entry does not match its own SHA-256";
-    size_t body_len = 0;
-    const char *body = k3_man_unseal(txt, len, &body_len);
-    if (!body) {
-        free(txt);
-        return 0;
-    }
-    cJSON *root = cJSON_ParseWithLength(body, body_len);
-    free(txt);
     int ok = 0;
     k3_man_hex(p->fingerprint, hex);
     const cJSON *fp = cJSON_GetObjectItemCaseSensitive(root, "fingerprint");
@@ -727,20 +708,16 @@ static int journal_load_group(conv *cv, uint32_t g, const char **why, k3_err *e)
     if (g == cv->embed_group && cv->embed_t >= 0) {
         const cJSON *h = cJSON_GetObjectItemCaseSensitive(root, "embed_crc_sha256");
         const uint64_t V = p->cfg.vocab_size;
-        char *b = NULL;
-        uint64_t bl = 0;
-        uint8_t want[32], got[32];
-        unsigned int hl = 0;
+        uint8_t *b = malloc(4 * V + 1);
+        uint8_t want[32];
         *why = "the embedding's row CRCs in the journal are missing or do not hash to the entry's SHA-256";
-        if (!cJSON_IsString(h) || k3_man_unhex(h->valuestring, want) ||
-            journal_path(path, sizeof path, p->dst, "embed-crc.bin", &ignore) ||
-            k3_io_read_file(path, 4 * V + 1, &b, &bl, &ignore) || bl != 4 * V ||
-            EVP_Digest(b, (size_t)bl, got, &hl, EVP_sha256(), NULL) != 1 || memcmp(want, got, 32)) {
+        if (!b || !cJSON_IsString(h) || k3_man_unhex(h->valuestring, want) ||
+            k3_journal_get_blob(&j, "embed-crc.bin", 4 * V, want, b)) {
             free(b);
             goto out;
         }
         for (uint64_t i = 0; i < V; i++) {
-            const uint8_t *q = (const uint8_t *)b + 4 * i;
+            const uint8_t *q = b + 4 * i;
             cv->erow[i] = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
         }
         free(b);
@@ -905,89 +882,48 @@ fail:
 
 /* ---- DST preparation and the final files ------------------------------------- */
 
-static int is_ours(const char *n)
-{
-    size_t l = strlen(n);
-    if (!strcmp(n, "manifest.json") || !strcmp(n, "experts.idx") || !strcmp(n, "tiktoken.model") ||
-        !strcmp(n, "tokenizer_config.json") || !strcmp(n, K3_MAN_EMBED_CRC_NAME))
-        return 1;
-    if (l > 4 && !strcmp(n + l - 4, ".tmp"))
-        return 1;
-    if ((!strncmp(n, "trunk-", 6) && l > 4 && !strcmp(n + l - 4, ".k3t")) ||
-        (!strncmp(n, "experts-", 8) && l > 4 && !strcmp(n + l - 4, ".k3e")))
-        return 1;
-    return 0;
-}
+/* k3-convert's destination: a packed model, written in place */
+static const k3_dest_tool conv_tool = {"k3-convert", K3_DEST_PACKED, NULL};
 
 static int remove_journal(const char *dst, k3_err *e)
 {
-    char jd[4096], f[4400];
-    int rc = k3_io_path_join(jd, sizeof jd, dst, JOURNAL, e);
-    if (rc)
-        return rc;
-    DIR *d = opendir(jd);
-    if (!d)
-        return errno == ENOENT ? 0 : k3_err_sys(e, K3_EIO, errno, "%s: cannot open", jd);
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.')
-            continue;
-        snprintf(f, sizeof f, "%s/%s", jd, de->d_name);
-        unlink(f);
-    }
-    closedir(d);
-    if (rmdir(jd) != 0)
-        return k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", jd);
-    return k3_io_fsync_dir(dst, e);
+    k3_journal j;
+    int rc = conv_journal(&j, dst, e);
+    return rc ? rc : k3_journal_remove(&j, e);
 }
 
 /* Make DST ready. Returns 1 if DST already holds the finished conversion
  * (resume after the manifest was published), 0 to go on. */
-static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_err *e)
+static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_dest_state state, k3_err *e)
 {
     const char *dst = p->dst;
-    struct stat st;
-    char path[4400], hex[65];
+    char hex[65];
     k3_man_hex(p->fingerprint, hex);
-    if (stat(dst, &st) != 0) {
-        if (errno != ENOENT)
-            return k3_err_sys(e, K3_EIO, errno, "%s: cannot stat", dst);
+    if (state == K3_DEST_ABSENT) {
         if (mkdir(dst, 0755) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot create directory", dst);
-    } else if (!S_ISDIR(st.st_mode)) {
-        return k3_err_set(e, K3_EEXIST, "%s: exists and is not a directory", dst);
-    } else {
-        DIR *d = opendir(dst);
-        if (!d)
-            return k3_err_sys(e, K3_EIO, errno, "%s: cannot open", dst);
-        int nonempty = 0, has_journal = 0, has_manifest = 0;
-        struct dirent *de;
-        while ((de = readdir(d))) {
-            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-                continue;
-            nonempty = 1;
-            has_journal |= !strcmp(de->d_name, JOURNAL);
-            has_manifest |= !strcmp(de->d_name, "manifest.json");
-        }
-        closedir(d);
+    } else if (state == K3_DEST_OURS) {
+        /* a packed model or an interrupted conversion (k3_dest_open checked
+         * that it holds nothing else) */
+        char mp[4200];
+        k3_journal j;
+        int rc = conv_journal(&j, dst, e);
+        if (rc == 0)
+            rc = k3_io_path_join(mp, sizeof mp, dst, "manifest.json", e);
+        if (rc)
+            return rc;
+        int has_journal = k3_journal_exists(&j), has_manifest = access(mp, F_OK) == 0;
         if (o->resume && has_journal) {
-            char *txt;
-            uint64_t len;
-            int rc = journal_path(path, sizeof path, dst, "plan.json", e);
-            if (rc == 0 && access(path, F_OK) != 0) {
+            int cmp = k3_journal_plan_cmp(&j, hex, e);
+            if (cmp < 0)
+                return cmp;
+            if (cmp == 2) {
                 /* killed before the plan was written: nothing finished yet */
-                has_journal = 0;
                 goto fresh;
             }
-            if (rc == 0 && (rc = k3_io_read_file(path, 1u << 20, &txt, &len, e)) == 0) {
-                int same = strstr(txt, hex) != NULL;
-                free(txt);
-                if (!same)
-                    return k3_err_set(e, K3_EEXIST, "%s: the journal is of a conversion from other input or "
-                                      "options; use --force to start again", dst);
-            } else {
-                return rc;
-            }
+            if (cmp == 1)
+                return k3_err_set(e, K3_EEXIST, "%s: the journal is of a conversion from other input or "
+                                  "options; use --force to start again", dst);
             if (has_manifest) {
                 /* finished, interrupted only while removing the journal */
                 rc = remove_journal(dst, e);
@@ -998,38 +934,19 @@ static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_err *e)
         if (o->resume && has_manifest)
             return 1;
     fresh:
-        if (nonempty && !o->force && !o->resume)
+        if (!o->force && !o->resume)
             return k3_err_set(e, K3_EEXIST, "%s: exists and is not empty (--force to replace, --resume to "
                               "continue an interrupted conversion)", dst);
-        if (nonempty) {
-            /* the manifest goes first, so the directory never looks complete */
-            if (k3_io_path_join(path, sizeof path, dst, "manifest.json", e) == 0)
-                unlink(path);
-            int rc = remove_journal(dst, e);
-            if (rc)
-                return rc;
-            d = opendir(dst);
-            while (d && (de = readdir(d)))
-                if (is_ours(de->d_name)) {
-                    snprintf(path, sizeof path, "%s/%s", dst, de->d_name);
-                    unlink(path);
-                }
-            if (d)
-                closedir(d);
-        }
+        /* only what k3_dest_clear recognises as a packed model's goes,
+         * manifest.json first so the directory never looks complete */
+        if ((rc = k3_dest_clear(&conv_tool, dst, 0, 0, e)))
+            return rc;
     }
-    char jd[4096];
-    int rc = k3_io_path_join(jd, sizeof jd, dst, JOURNAL, e);
-    if (rc)
-        return rc;
-    if (mkdir(jd, 0755) != 0 && errno != EEXIST)
-        return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", jd);
-    char plan[256];
-    snprintf(plan, sizeof plan, "{\"fingerprint\":\"%s\",\"groups\":%u}\n", hex, p->ngroups);
-    if ((rc = journal_path(path, sizeof path, dst, "plan.json", e)) ||
-        (rc = k3_io_write_file_atomic(path, plan, strlen(plan), e)))
-        return rc;
-    return k3_io_fsync_dir(dst, e);
+    k3_journal j;
+    int rc = conv_journal(&j, dst, e);
+    if (rc == 0)
+        rc = k3_journal_begin(&j, hex, e);
+    return rc ? rc : k3_io_fsync_dir(dst, e);
 }
 
 /* Provenance of the small upstream files; tokenizer files are copied. */
@@ -1188,10 +1105,16 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
     k3_kern_init();
     if (o->threads > 0)
         omp_set_num_threads(o->threads);
-    k3_conv_plan plan;
-    int rc = k3_conv_plan_build(&plan, src, dst, o->trunk_bf16, e);
+    /* DST checked against SRC, owned and locked before anything is read or made */
+    k3_dest dest;
+    int rc = k3_dest_open(&dest, &conv_tool, src, dst, e);
     if (rc)
         return rc;
+    k3_conv_plan plan;
+    if ((rc = k3_conv_plan_build(&plan, src, dest.path, o->trunk_bf16, e))) {
+        k3_dest_close(&dest);
+        return rc;
+    }
     conv cv = {.p = &plan, .o = o, .s = s};
     reader rd = {.p = &plan};
     pthread_mutex_init(&rd.mu, NULL);
@@ -1217,7 +1140,7 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
         rc = k3_err_set(e, K3_ENOMEM, "out of memory");
         goto out;
     }
-    rc = prepare_dst(&plan, o, e);
+    rc = prepare_dst(&plan, o, dest.state, e);
     if (rc == 1) {
         rc = 0;
         goto out;
@@ -1280,6 +1203,7 @@ out:
     free(cv.erow);
     free(cv.shard_sha);
     k3_conv_plan_free(&plan);
+    k3_dest_close(&dest);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     s->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     struct rusage ru;

@@ -16,6 +16,8 @@
 #include "k3_cli.h"
 #include "k3_err.h"
 #include "k3_io.h"
+#include "k3_json.h"
+#include "k3_out.h"
 
 static void usage(FILE *f)
 {
@@ -33,7 +35,8 @@ static void usage(FILE *f)
             "                files' sizes are checked), the rest is redone; the result is\n"
             "                byte-identical to an uninterrupted run\n"
             "  --rehash      with --resume, also re-hash the kept files\n"
-            "  --force       replace a non-empty DST (removes manifest.json first)\n"
+            "  --force       replace DST if it is a packed model holding nothing else\n"
+            "                (removes manifest.json first; see README, Destinations)\n"
             "  --dense       write zero blocks instead of leaving holes\n"
             "  --trunk-dtype source|bf16\n"
             "                source (the default): every trunk tensor keeps its upstream\n"
@@ -52,7 +55,7 @@ static void usage(FILE *f)
             "float expert sources staged one tensor at a time (at most 256 MiB each).\n"
             "\n"
             "Exit status: 0 done, 2 usage, 3 bad input format, 4 I/O error, 6 over a limit,\n"
-            "7 DST exists, 8 disk full, 9 internal error, 130 interrupted (run again with\n"
+            "7 DST exists, is not k3-convert's to replace or is in use, 8 disk full, 9 internal error, 130 interrupted (run again with\n"
             "--resume).\n",
             K3_CONV_MAX_OPEN_RECORDS);
 }
@@ -65,6 +68,7 @@ static void on_signal(int sig)
 
 int main(int argc, char **argv)
 {
+    k3_out_init("k3-convert");
     k3_conv_opts o = {0};
     int json = 0;
     const char *pos[2];
@@ -136,16 +140,19 @@ int main(int argc, char **argv)
     k3_conv_stats s;
     int rc = k3_conv_run(pos[0], pos[1], &o, &s, &e);
     if (rc) {
-        fprintf(stderr, "k3-convert: error: %s\n", e.msg[0] ? e.msg : k3_err_name(rc));
-        return k3_err_exit_status(rc);
+        return k3_out_error(rc, "%s", e.msg[0] ? e.msg : k3_err_name(rc));
     }
     if (json) {
         double mb = 1e6 * (s.seconds > 0 ? s.seconds : 1e-9);
-        printf("{\"src\": \"%s\", \"dst\": \"%s\", \"groups\": %u, \"groups_skipped\": %u, "
+        fputs("{\"src\": ", stdout);
+        k3_json_fput_str(stdout, pos[0], strlen(pos[0]));
+        fputs(", \"dst\": ", stdout);
+        k3_json_fput_str(stdout, pos[1], strlen(pos[1]));
+        printf(", \"groups\": %u, \"groups_skipped\": %u, "
                "\"bytes_read\": %" PRIu64 ", \"src_hole_bytes\": %" PRIu64 ", \"bytes_written\": %" PRIu64 ", "
                "\"hole_bytes\": %" PRIu64 ", "
                "\"seconds\": %.3f, \"read_MBps\": %.1f, \"peak_rss_kb\": %" PRIu64 "}\n",
-               pos[0], pos[1], s.groups, s.groups_skipped, s.bytes_read, s.src_hole_bytes, s.bytes_written, s.holes_bytes, s.seconds,
+               s.groups, s.groups_skipped, s.bytes_read, s.src_hole_bytes, s.bytes_written, s.holes_bytes, s.seconds,
                (double)s.bytes_read / mb, s.peak_rss_kb);
     }
     return 0;

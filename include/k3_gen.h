@@ -45,6 +45,7 @@ typedef struct k3_gen_opts {
     float *all_logits;         /* if set: n_prompt x V floats, every prompt position */
     k3_gen_cb cb;
     void *ud;
+    struct k3_progress *progress;  /* if set: prompt tokens done, counted per chunk (same bits) */
 } k3_gen_opts;
 
 typedef struct k3_gen_stats {

@@ -87,6 +87,11 @@ int k3_io_file_size(int fd, uint64_t *size, const char *path, k3_err *e);
  * heap buffer. Files larger than max_bytes are K3_ELIMIT. Caller frees *buf. */
 int k3_io_read_file(const char *path, uint64_t max_bytes, char **buf, uint64_t *len, k3_err *e);
 
+/* Read everything an open descriptor gives until EOF (a pipe, stdin: "name"
+ * in messages) into a NUL-terminated heap buffer, at most max_bytes
+ * (K3_ELIMIT beyond). Caller frees *buf. */
+int k3_io_read_fd(int fd, uint64_t max_bytes, char **buf, uint64_t *len, const char *name, k3_err *e);
+
 /* Aligned heap memory (posix_memalign). Free with k3_io_free_aligned; NULL ok. */
 void *k3_io_alloc_aligned(uint64_t n, uint64_t align);
 void k3_io_free_aligned(void *p);
@@ -103,10 +108,33 @@ void k3_io_huge_free(void *p, uint64_t n);
  * fd, closes it, renames tmp to dst and fsyncs dst's directory. */
 int k3_io_tmp_create(const char *dst, int overwrite_tmp, char *tmp_path, size_t tmp_cap, k3_err *e);
 int k3_io_publish(int fd, const char *tmp_path, const char *dst, k3_err *e);
-/* Write a whole buffer to dst atomically (tmp, fsync, rename, fsync dir). */
+/* Write a whole buffer to dst atomically (tmp, fsync, rename, fsync dir).
+ * A dst that exists and is not a regular file (/dev/stdout, a pipe, a
+ * device) is written in place, every write checked, never renamed over. */
 int k3_io_write_file_atomic(const char *dst, const void *buf, uint64_t n, k3_err *e);
 /* fsync the directory holding path (or the directory path itself). */
 int k3_io_fsync_dir(const char *dir, k3_err *e);
+
+/* What a model directory is. */
+enum {
+    K3_DIR_UNKNOWN = 0,         /* a directory with none of the files below */
+    K3_DIR_PACKED = 1,          /* manifest.json */
+    K3_DIR_PACKED_PARTIAL = 2,  /* packed files or a journal, no manifest.json: unfinished */
+    K3_DIR_UPSTREAM = 3,        /* config.json or *.safetensors */
+};
+/* Classify dir: K3_DIR_* (>= 0), or a negative code with an exact message:
+ * K3_ENOENT "no such directory", K3_EARG "a file, not a model directory",
+ * K3_EIO "permission denied: ..." (also for a manifest.json or config.json
+ * that cannot be looked at). */
+int k3_io_dir_kind(const char *dir, k3_err *e);
+/* k3_io_dir_kind, then refuse any other kind than want (K3_DIR_PACKED or
+ * K3_DIR_UPSTREAM) with a message naming the tool to use instead: an
+ * upstream checkpoint given for a packed model says "k3-convert DIR DST"
+ * (K3_EARG), a packed model given for a checkpoint "k3-pack DIR DST"
+ * (K3_EARG), an unfinished packing "--resume" (K3_ENOENT), an empty
+ * directory "not a model" (K3_ENOENT). tool names the caller. Returns the
+ * kind or a negative code. */
+int k3_io_dir_expect(const char *dir, int want, const char *tool, k3_err *e);
 
 /* Join dir and name into out (capacity cap). K3_ELIMIT if it does not fit. */
 int k3_io_path_join(char *out, size_t cap, const char *dir, const char *name, k3_err *e);

@@ -148,6 +148,11 @@ void k3_stream_cfg_cores(const k3_cfg *c, uint64_t piece, const uint64_t *gb, ui
 
 /* Print the plan (several lines, each starting with prefix). */
 void k3_stream_plan_print(const k3_stream_plan *p, FILE *f, const char *prefix);
+/* Refuse (K3_EBUDGET, both numbers in the message) a plan whose floor or
+ * budget exceeds the memory this machine has available (k3_mem_available:
+ * MemAvailable, the cgroup limit, or K3_MEM_AVAILABLE). 0 if it fits or
+ * nothing is known. */
+int k3_stream_plan_check_memory(const k3_stream_plan *p, k3_err *e);
 
 /* Counters of a streaming source since open. */
 typedef struct k3_stream_stats {
@@ -178,6 +183,10 @@ typedef struct k3_stream_stats {
 int k3_ws_stream_open(k3_ws **out, const char *dir, int direct, k3_err *e);
 int k3_ws_stream_plan(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan, k3_err *e);
 int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan, k3_err *e);
+/* Publish what the run wrote (the --trace file: flushed, fsynced, renamed
+ * from "<path>.tmp"); a write error, a full disk included, is returned and
+ * nothing is left. Closing without it removes the unfinished trace. */
+int k3_ws_stream_finish(k3_ws *ws, k3_err *e);
 /* 1 if every data file is read with O_DIRECT. */
 int k3_ws_stream_direct(const k3_ws *ws);
 void k3_ws_stream_stats(const k3_ws *ws, k3_stream_stats *st);

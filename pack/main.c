@@ -11,10 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "k3_cli.h"
 #include "k3_err.h"
 #include "k3_io.h"
+#include "k3_json.h"
+#include "k3_out.h"
 #include "k3_stream.h"
 #include "pack.h"
 
@@ -52,14 +55,17 @@ static void usage(FILE *f)
             "  --copy              copy unchanged files instead of linking them\n"
             "  --dense             write the trunk's zero blocks instead of leaving holes\n"
             "  --resume            continue an interrupted repack of DST\n"
-            "  --force             replace DST, or an interrupted repack's temporary\n"
+            "  --force             replace DST if it is a packed model holding nothing else,\n"
+            "                      or an interrupted repack's temporary (README, Destinations)\n"
             "  --json              print a JSON summary on stdout\n"
             "  --quiet             no progress on stderr\n"
+            "  --progress          progress on stderr even when it is not a terminal\n"
             "  --version           the version and the kernel and CRC paths in use\n"
             "  -h, --help          this help\n"
             "\n"
             "Exit status: 0 done, 2 usage, 3 bad input format, 4 I/O error, 5 corrupt\n"
-            "source, 6 budget below the reachable floor, 7 DST exists, 8 disk full,\n"
+            "source, 6 budget below the reachable floor, 7 DST exists, is not k3-pack's to\n"
+            "replace or is in use, 8 disk full,\n"
             "9 internal error, 130 interrupted (run again with --resume).\n");
 }
 
@@ -71,19 +77,20 @@ static void on_signal(int sig)
 
 static int die(int code, const char *msg)
 {
-    fprintf(stderr, "k3-pack: error: %s\n", msg);
-    return k3_err_exit_status(code);
+    return k3_out_error(code, "%s", msg);
 }
 
 int main(int argc, char **argv)
 {
+    k3_out_init("k3-pack");
     k3_pack_opts o;
     k3_pack_opts_init(&o);
-    int json = 0, plan_only = 0, rc = 0;
+    int json = 0, plan_only = 0, rc = 0, progress = 0;
     const char *pos[2], *pin_arg = NULL;
     int npos = 0;
     char msg[512];
     k3_err e = {0};
+    k3_dest dest = {.lock_fd = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -157,6 +164,8 @@ int main(int argc, char **argv)
             o.resume = 1;
         } else if (!strcmp(a, "--force")) {
             o.force = 1;
+        } else if (!strcmp(a, "--progress")) {
+            progress = 1;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--quiet")) {
@@ -174,7 +183,8 @@ int main(int argc, char **argv)
         return die(K3_EARG, plan_only ? "--plan takes SRC only (see --help)" : "need SRC and DST (see --help)");
     if (o.resume && o.force)
         return die(K3_EARG, "--resume and --force exclude each other");
-    o.progress = o.quiet || json ? NULL : stderr;
+    /* the per-file progress lines: on a terminal, or when asked */
+    o.progress = o.quiet || json || (!progress && !isatty(STDERR_FILENO)) ? NULL : stderr;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -198,14 +208,20 @@ int main(int argc, char **argv)
         if ((rc = k3_pack_parse_pin(pin_arg, ng, &o, &e)))
             goto fail;
     }
+    /* DST checked against SRC, owned and locked before the plan (whose
+     * stand-in lives next to DST) touches anything */
+    if (!plan_only && (rc = k3_dest_open(&dest, &k3_pack_dest_tool, pos[0], pos[1], &e)))
+        goto fail;
     k3_pack_plan p;
-    rc = k3_pack_plan_build(&p, pos[0], plan_only ? NULL : pos[1], &o, &e);
+    rc = k3_pack_plan_build(&p, pos[0], plan_only ? NULL : dest.path, &o, &e);
     if (rc) {
         k3_pack_plan_free(&p); /* a failed build leaves what it had made */
         goto fail;
     }
-    if (plan_only || (!json && !o.quiet))
-        k3_pack_plan_print(&p, json ? stderr : plan_only ? stdout : stderr, "k3-pack: ");
+    /* --plan prints it to stdout; a run prints it once it has succeeded, so
+     * that an error (a budget below the floor, DST exists, ...) is one line */
+    if (plan_only)
+        k3_pack_plan_print(&p, json ? stderr : stdout, "k3-pack: ");
     k3_pack_stats s = {0};
     if (!plan_only && !p.sp_ok && !p.stream_refused) {
         rc = k3_err_set(&e, K3_EBUDGET,
@@ -216,25 +232,31 @@ int main(int argc, char **argv)
         goto fail;
     }
     if (!plan_only) {
-        rc = k3_pack_run(&p, &o, &s, &e);
+        rc = k3_pack_run(&p, &dest, &o, &s, &e);
         if (rc) {
             k3_pack_plan_free(&p);
             goto fail;
         }
     }
     if (json) {
-        printf("{\"src\": \"%s\", \"dst\": \"%s\", \"plan_only\": %s, \"budget\": %" PRIu64 ", \"unit_bytes\": %" PRIu64
+        fputs("{\"src\": ", stdout);
+        k3_json_fput_str(stdout, p.src, strlen(p.src));
+        fputs(", \"dst\": ", stdout);
+        k3_json_fput_str(stdout, plan_only ? "" : pos[1], plan_only ? 0 : strlen(pos[1]));
+        printf(", \"plan_only\": %s, \"budget\": %" PRIu64 ", \"unit_bytes\": %" PRIu64
                ", \"units\": %u, \"split_tensors\": %u, \"pinned_bytes\": %" PRIu64 ", \"floor\": %" PRIu64
                ", \"floor_double\": %" PRIu64 ", \"resident\": %" PRIu64 ", \"budget_runs\": %s, \"trunk_bytes\": %" PRIu64
                ", \"bytes_written\": %" PRIu64 ", \"bytes_linked\": %" PRIu64 ", \"bytes_copied\": %" PRIu64
                ", \"files_linked\": %u, \"files_reflinked\": %u, \"files_copied\": %u, \"files_resumed\": %u"
+               ", \"trunk_bytes_kept\": %" PRIu64
                ", \"seconds\": %.3f}\n",
-               p.src, plan_only ? "" : pos[1], plan_only ? "true" : "false", p.sp.budget, p.unit_bytes,
+               plan_only ? "true" : "false", p.sp.budget, p.unit_bytes,
                p.man.nunits, p.split_tensors, p.pinned_bytes, p.sp_floor.floor, p.sp_floor.floor_double,
                p.sp_floor.resident, p.sp_ok ? "true" : "false", p.trunk_bytes,
                s.bytes_written, s.bytes_linked, s.bytes_copied, s.files_linked, s.files_reflinked, s.files_copied,
-               s.files_resumed, s.seconds);
+               s.files_resumed, s.trunk_bytes_kept, s.seconds);
     } else if (!plan_only && !o.quiet) {
+        k3_pack_plan_print(&p, stderr, "k3-pack: ");
         fprintf(stderr,
                 "k3-pack: %s written in %.2f s: %" PRIu64 " bytes written, %" PRIu64 " bytes linked (%u hard links, "
                 "%u reflinks), %" PRIu64 " bytes copied\n",
@@ -242,8 +264,9 @@ int main(int argc, char **argv)
                 s.bytes_copied);
     }
     k3_pack_plan_free(&p);
+    k3_dest_close(&dest);
     return 0;
 fail:
-    fprintf(stderr, "k3-pack: error: %s\n", e.msg[0] ? e.msg : k3_err_name(rc));
-    return k3_err_exit_status(rc);
+    k3_dest_close(&dest);
+    return k3_out_error(rc, "%s", e.msg[0] ? e.msg : k3_err_name(rc));
 }

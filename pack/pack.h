@@ -37,6 +37,7 @@
 #include "k3_err.h"
 #include "k3_man.h"
 #include "k3_pk.h"
+#include "k3_dest.h"
 #include "k3_stream.h"
 
 #define K3_PACK_BASELINE      (16ull << 20)     /* k3-run's RSS assumed at plan time */
@@ -153,12 +154,18 @@ typedef struct k3_pack_stats {
     uint64_t bytes_linked;      /* expert bytes shared with the source (links/reflinks) */
     uint64_t bytes_copied;      /* expert bytes copied because linking was impossible */
     uint32_t files_linked, files_reflinked, files_copied, files_resumed;
+    uint64_t trunk_bytes_kept;  /* trunk bytes of an interrupted run continued by --resume */
     double seconds;
 } k3_pack_stats;
 
-/* Execute a plan: build DST.k3-pack-tmp (resuming it with o->resume), publish
- * DST. K3_EEXIST if DST (or an unresumed temporary) exists without --force. */
-int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e);
+/* k3-pack's destination (k3_dest.h): a packed model built in DST.k3-pack-tmp. */
+extern const k3_dest_tool k3_pack_dest_tool;
+
+/* Execute a plan on dest (opened with k3_pack_dest_tool on p->src and the
+ * DST the plan was built for: checked and locked): build DST.k3-pack-tmp
+ * (resuming it with o->resume), publish DST. K3_EEXIST if DST (or an
+ * unresumed temporary) exists without --force. */
+int k3_pack_run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e);
 
 /* Ask a running repack to stop at the next chunk (async-signal-safe). */
 void k3_pack_interrupt(void);

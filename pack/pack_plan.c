@@ -26,6 +26,7 @@
 #include <cjson/cJSON.h>
 
 #include "k3_io.h"
+#include "k3_json.h"
 #include "k3_ws.h"
 #include "pack.h"
 
@@ -361,7 +362,9 @@ static char *plan_record(const k3_pack_plan *p, const k3_pack_opts *o)
     cJSON *s = cJSON_AddObjectToObject(r, "source");
     char hex[65];
     k3_man_hex(p->src_manifest_sha, hex);
-    cJSON_AddStringToObject(s, "dir", p->src);
+    char *u = k3_json_utf8_dup(p->src);   /* valid UTF-8 whatever the path (k3_json.h) */
+    cJSON_AddStringToObject(s, "dir", u ? u : "");
+    free(u);
     cJSON_AddStringToObject(s, "manifest_sha256", hex);
     cJSON_AddStringToObject(s, "producer", p->src_man.producer ? p->src_man.producer : "");
     cJSON *sp = cJSON_Parse(p->src_man.plan_json ? p->src_man.plan_json : "{}");
@@ -369,7 +372,11 @@ static char *plan_record(const k3_pack_plan *p, const k3_pack_opts *o)
     cJSON *x = cJSON_AddObjectToObject(r, "experts");
     cJSON_AddStringToObject(x, "records", p->reorder ? "reordered" : "linked");
     if (p->reorder) {
-        cJSON_AddStringToObject(x, "trace", o->trace_path);
+    {
+        char *t = k3_json_utf8_dup(o->trace_path);
+        cJSON_AddStringToObject(x, "trace", t ? t : "");
+        free(t);
+    }
         cJSON_AddNumberToObject(x, "hot_share", K3_PACK_HOT_SHARE);
         cJSON *ord = cJSON_AddArrayToObject(x, "order");
         cJSON *hot = cJSON_AddArrayToObject(x, "hot");
@@ -802,6 +809,9 @@ int k3_pack_plan_build(k3_pack_plan *p, const char *src, const char *dst, const 
     char *txt = NULL;
     uint32_t *tord = NULL;
     layout lay = {0};
+    /* an upstream checkpoint, a file, an unreadable directory: said exactly */
+    if ((rc = k3_io_dir_expect(src, K3_DIR_PACKED, "k3-pack", e)) < 0)
+        return rc;
     p->src = realpath(src, NULL);
     if (!p->src)
         return k3_err_sys(e, K3_ENOENT, errno, "%s: cannot resolve the source directory", src);

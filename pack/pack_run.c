@@ -7,7 +7,15 @@
  * fsynced and renamed into place). manifest.json is written last, the journal
  * removed, the directory fsynced and renamed to DST, and DST's parent fsynced.
  * So at any kill point DST is either absent (the temporary can be resumed
- * with --resume, or removed with --force) or complete.
+ * with --resume, or removed with --force) or complete. The journal is the
+ * one k3-convert uses (k3_journal.h).
+ *
+ * The trunk is one file (about 111 GB at K3 size), so it is journaled per
+ * unit: after the last piece of each output unit the temporary is fsynced
+ * and "NAME.part.json" records the writer's state (hash frontier, SHA-256
+ * state, unit CRCs: k3_conv_w_checkpoint) and the source units' running
+ * CRCs; --resume continues from the last such entry (bytes past it are
+ * zeroed and written again), so a kill loses at most one unit of work.
  *
  * Trunk bytes are copied piece by piece from the source (read once, O_DIRECT
  * where the filesystem allows; every source unit CRC-checked as it streams
@@ -38,6 +46,7 @@
 #include "../convert/conv_out.h"
 #include "k3_crc.h"
 #include "k3_io.h"
+#include "k3_journal.h"
 #include "pack.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -56,12 +65,19 @@ static int check_stop(k3_err *e)
  * temporary is half written), "file" after output file N is published but
  * before its journal entry, "journaled" after its journal entry, "manifest"
  * after manifest.json is in the temporary directory, "renaming" after the
- * journal is removed, before the rename (N ignored for both). */
+ * journal is removed, before the rename (N ignored for both).
+ * "interrupt:N" raises SIGINT instead, as Ctrl-C would, after trunk piece N. */
 static void crash_point(const char *stage, uint32_t n)
 {
     const char *v = getenv("K3_PACK_CRASH");
     if (!v)
         return;
+    if (!strncmp(v, "interrupt:", 10)) {   /* "interrupt:N": SIGINT, as Ctrl-C, after trunk piece N */
+        char *e2;
+        if (!strcmp(stage, "trunk") && strtoul(v + 10, &e2, 10) == n && !*e2)
+            raise(SIGINT);
+        return;
+    }
     size_t l = strlen(stage);
     if (strncmp(v, stage, l) || v[l] != ':')
         return;
@@ -73,34 +89,14 @@ static void crash_point(const char *stage, uint32_t n)
 
 /* ------------------------------------------------------------ helpers */
 
-/* Remove a flat directory we own (regular files, and the journal directory
- * one level down). */
-static int remove_tree(const char *dir, int depth, k3_err *e)
+static const char *const pack_siblings[] = {K3_PACK_TMP_SUFFIX, K3_PACK_OLD_SUFFIX, NULL};
+const k3_dest_tool k3_pack_dest_tool = {"k3-pack", K3_DEST_PACKED, pack_siblings};
+
+/* Remove a directory of ours (the temporary, the old DST, a stand-in,
+ * the journal) after checking that it holds only a packed model's files. */
+static int remove_tree(const char *dir, k3_err *e)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return errno == ENOENT ? 0 : k3_err_sys(e, K3_EIO, errno, "%s: cannot open", dir);
-    struct dirent *de;
-    char path[4400];
-    int rc = 0;
-    while (!rc && (de = readdir(d))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-            continue;
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        struct stat st;
-        if (lstat(path, &st) != 0)
-            rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot stat", path);
-        else if (S_ISDIR(st.st_mode) && depth > 0)
-            rc = remove_tree(path, depth - 1, e);
-        else if (S_ISDIR(st.st_mode))
-            rc = k3_err_set(e, K3_EIO, "%s: unexpected directory: not removing", path);
-        else if (unlink(path) != 0)
-            rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", path);
-    }
-    closedir(d);
-    if (!rc && rmdir(dir) != 0)
-        rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", dir);
-    return rc;
+    return k3_dest_clear(&k3_pack_dest_tool, dir, 1, 1, e);
 }
 
 static int exists(const char *path)
@@ -111,18 +107,30 @@ static int exists(const char *path)
 
 /* ------------------------------------------------------------ journal */
 
-static int journal_path(char *out, size_t cap, const char *tmp, const char *name)
+/* The temporary's journal (k3_journal.h): "plan", then "NAME.json" per
+ * finished output file and "NAME.part.json" per finished trunk unit. */
+static int pack_journal(k3_journal *j, const char *tmp, k3_err *e)
 {
-    int n = snprintf(out, cap, "%s/" K3_PACK_JOURNAL "%s%s%s", tmp, name ? "/" : "", name ? name : "",
-                     name ? ".json" : "");
+    return k3_journal_init(j, tmp, K3_PACK_JOURNAL, "plan", e);
+}
+
+static int entry_name(char *out, size_t cap, const char *file, const char *what)
+{
+    int n = snprintf(out, cap, "%s%s.json", file, what);
     return n > 0 && (size_t)n < cap ? 0 : -1;
 }
 
 static int journal_write(const char *tmp, const k3_pack_plan *p, const k3_pack_out *out, k3_err *e)
 {
     const k3_pk_file *f = &p->man.files[out->file];
+    k3_journal j;
+    char hex[65], name[400];
+    int rc = pack_journal(&j, tmp, e);
+    if (rc)
+        return rc;
+    if (entry_name(name, sizeof name, f->name, ""))
+        return k3_err_set(e, K3_ELIMIT, "%s: name too long", f->name);
     cJSON *o = cJSON_CreateObject();
-    char hex[65], path[4400];
     k3_man_hex(f->sha256, hex);
     cJSON_AddStringToObject(o, "name", f->name);
     cJSON_AddNumberToObject(o, "size", (double)f->size);
@@ -132,18 +140,10 @@ static int journal_write(const char *tmp, const k3_pack_plan *p, const k3_pack_o
         for (uint32_t u = 0; u < p->man.nunits; u++)
             cJSON_AddItemToArray(a, cJSON_CreateNumber(p->man.units[u].crc32));
     }
-    char *js = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
     /* sealed with its SHA-256, so that --resume never takes a value that
      * reads back differently from what was written */
-    size_t tl = 0;
-    char *txt = js ? k3_man_seal(js, strlen(js), &tl) : NULL;
-    free(js);
-    if (!txt)
-        return k3_err_set(e, K3_ENOMEM, "out of memory");
-    int rc = journal_path(path, sizeof path, tmp, f->name) ? k3_err_set(e, K3_ELIMIT, "%s: path too long", tmp)
-                                                            : k3_io_write_file_atomic(path, txt, tl, e);
-    free(txt);
+    rc = k3_journal_put(&j, name, o, e);
+    cJSON_Delete(o);
     return rc;
 }
 
@@ -152,21 +152,13 @@ static int journal_write(const char *tmp, const k3_pack_plan *p, const k3_pack_o
 static int journal_take(const char *tmp, k3_pack_plan *p, const k3_pack_out *out)
 {
     k3_pk_file *f = &p->man.files[out->file];
-    char path[4400], fpath[4400];
-    char *txt = NULL;
-    uint64_t len;
+    char name[400], fpath[4400];
+    k3_journal j;
     k3_err je = {0};
-    if (journal_path(path, sizeof path, tmp, f->name) || k3_io_read_file(path, 1u << 30, &txt, &len, &je))
+    if (pack_journal(&j, tmp, &je) || entry_name(name, sizeof name, f->name, ""))
         return 0;
     /* an entry that does not hash to its first line is not trusted: redo */
-    size_t bl = 0;
-    const char *body = k3_man_unseal(txt, len, &bl);
-    if (!body) {
-        free(txt);
-        return 0;
-    }
-    cJSON *o = cJSON_ParseWithLength(body, bl);
-    free(txt);
+    cJSON *o = k3_journal_get(&j, name, NULL);
     int ok = 0;
     struct stat st;
     snprintf(fpath, sizeof fpath, "%s/%s", tmp, f->name);
@@ -338,8 +330,75 @@ static int copy_rows(copier *c, k3_conv_w *w, uint32_t ext, uint32_t t, uint64_t
     return 0;
 }
 
-static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out, int dense, k3_pack_stats *s,
-                       k3_err *e)
+/* The copier's source-unit CRC state, for a trunk checkpoint: units with
+ * any progress as [unit, pos, crc, flags]. */
+static cJSON *copier_state(const copier *c)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (uint32_t u = 0; a && u < c->p->src_man.nunits; u++) {
+        const srcunit *x = &c->su[u];
+        if (!x->pos && !x->done && !x->reread)
+            continue;
+        double v[4] = {u, (double)x->pos, x->crc, x->done | x->reread << 1};
+        cJSON_AddItemToArray(a, cJSON_CreateDoubleArray(v, 4));
+    }
+    return a;
+}
+
+static int copier_load(copier *c, const cJSON *a)
+{
+    const uint32_t n = c->p->src_man.nunits;
+    memset(c->su, 0, (n + 1) * sizeof *c->su);
+    if (!cJSON_IsArray(a))
+        return -1;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a)
+    {
+        double v[4];
+        int k = 0;
+        const cJSON *x;
+        if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 4)
+            return -1;
+        cJSON_ArrayForEach(x, it)
+        {
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble != (double)(uint64_t)x->valuedouble)
+                return -1;
+            v[k++] = x->valuedouble;
+        }
+        uint32_t u = (uint32_t)v[0];
+        if (v[0] >= n || v[1] > (double)k3_pk_unit_at(c->p->pk, u)->nbytes || v[2] > 4294967295.0 || v[3] > 3)
+            return -1;
+        c->su[u] = (srcunit){(uint64_t)v[1], (uint32_t)v[2], (uint8_t)((uint32_t)v[3] & 1), (uint8_t)((uint32_t)v[3] >> 1)};
+    }
+    return 0;
+}
+
+/* After copies [0, next) (a whole output unit): the writer's and the
+ * copier's state go to the journal entry part, so that a kill loses at most
+ * the unit being written. */
+static int trunk_checkpoint(copier *c, k3_conv_w *w, const k3_journal *j, const char *part, uint32_t next, k3_err *e)
+{
+    cJSON *ws = NULL;
+    int rc = k3_conv_w_checkpoint(w, next, &ws, e);
+    if (rc || !ws)
+        return rc;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *cs = copier_state(c);
+    if (!o || !cs || !cJSON_AddNumberToObject(o, "read", (double)c->read)) {
+        cJSON_Delete(o);
+        cJSON_Delete(cs);
+        cJSON_Delete(ws);
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+    }
+    cJSON_AddItemToObject(o, "writer", ws);
+    cJSON_AddItemToObject(o, "source_units", cs);
+    rc = k3_journal_put(j, part, o, e);
+    cJSON_Delete(o);
+    return rc;
+}
+
+static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out, int dense, int resuming,
+                       FILE *progress, k3_pack_stats *s, k3_err *e)
 {
     k3_man *m = &p->man;
     k3_pk_file *f = &m->files[out->file];
@@ -358,7 +417,7 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
     for (uint32_t u = 0; c.su && u < p->src_man.nunits; u++)
         c.su[u].crc = 0;   /* the CRC of nothing */
     k3_conv_w w;
-    int rc = 0, opened = 0;
+    int rc = 0, opened = 0, checkpointed = 0;
     if (!of.ext || !of.regions || !of.region_crc || !c.buf || !c.bounce || !c.gap || !c.gap_bounce || !c.su) {
         rc = k3_err_set(e, K3_ENOMEM, "out of memory");
         goto out;
@@ -371,14 +430,55 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
     for (uint32_t u = 0; u < m->nunits; u++)
         of.regions[u] = (k3_conv_ext){m->units[u].offset, m->units[u].nbytes};
     of.nregions = m->nunits;
-    if ((rc = k3_conv_w_open(&w, tmp, &of, dense, e)))
+    /* a unit checkpoint of an interrupted run continues the temporary */
+    k3_journal j;
+    char part[400];
+    uint32_t first = 0;
+    uint64_t kept = 0;
+    if ((rc = pack_journal(&j, tmp, e)))
+        goto out;
+    if (entry_name(part, sizeof part, f->name, ".part")) {
+        rc = k3_err_set(e, K3_ELIMIT, "%s: name too long", f->name);
+        goto out;
+    }
+    cJSON *state = resuming ? k3_journal_get(&j, part, NULL) : NULL;
+    const cJSON *rd = cJSON_GetObjectItemCaseSensitive(state, "read");
+    if (state && cJSON_IsNumber(rd) && copier_load(&c, cJSON_GetObjectItemCaseSensitive(state, "source_units")) == 0)
+        rc = k3_conv_w_resume(&w, tmp, &of, dense, cJSON_GetObjectItemCaseSensitive(state, "writer"), &first, e);
+    else
+        rc = k3_conv_w_open(&w, tmp, &of, dense, e);
+    if (rc == 1) {
+        c.read = (uint64_t)rd->valuedouble;
+        kept = w.written;
+        rc = 0;
+    } else if (rc == 0) {
+        first = 0;
+        memset(c.su, 0, (p->src_man.nunits + 1) * sizeof *c.su);
+    }
+    cJSON_Delete(state);
+    if (rc)
         goto out;
     opened = 1;
-    for (uint32_t i = 0; i < p->ncopies && !rc; i++) {
+    s->trunk_bytes_kept += kept;
+    if (kept && progress)
+        fprintf(progress, "k3-pack: %s: %" PRIu64 " bytes (%u of %u pieces) kept from the interrupted run\n", f->name,
+                kept, first, p->ncopies);
+    for (uint32_t i = first; i < p->ncopies && !rc; i++) {
         const k3_pack_copy *cp = &p->copies[i];
         const k3_pk_piece *pc = &m->tensors[cp->tensor].pieces[cp->piece];
         rc = copy_rows(&c, &w, i, cp->tensor, pc->row_begin, pc->row_end, e);
         crash_point("trunk", i);
+        if (rc || i + 1 == p->ncopies)
+            continue;
+        const k3_pack_copy *nx = &p->copies[i + 1];
+        uint32_t unit = pc->unit;
+        if (m->tensors[nx->tensor].pieces[nx->piece].unit != unit) {
+            rc = trunk_checkpoint(&c, &w, &j, part, i + 1, e);
+            if (!rc) {
+                checkpointed = 1;
+                crash_point("unit", unit);
+            }
+        }
     }
     if (!rc)
         rc = crc_finish(&c, e);
@@ -389,11 +489,15 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
     if (!rc) {
         for (uint32_t u = 0; u < m->nunits; u++)
             m->units[u].crc32 = of.region_crc[u];
-        s->bytes_written += w.written;
+        s->bytes_written += w.written - kept;
     }
 out:
+    /* an interrupted trunk with a unit checkpoint keeps its temporary for
+     * --resume (it is ours, inside our temporary directory); after any
+     * other failure (a full disk, an I/O error) it goes, as every temporary
+     * of a failed write does, and --resume starts the trunk again */
     if (opened)
-        k3_conv_w_close(&w, rc != 0);
+        k3_conv_w_close(&w, rc != 0 && !(rc == K3_EINTR && (checkpointed || kept)));
     free(of.ext);
     free(of.regions);
     free(of.region_crc);
@@ -548,25 +652,6 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The plan's fingerprint in the journal: 0 if it matches, 1 if it differs
- * or is unreadable, -1 if absent. */
-static int journal_plan_cmp(const char *tmp, const k3_pack_plan *p)
-{
-    char path[4400], hex[65];
-    char *txt = NULL;
-    uint64_t len;
-    k3_err je = {0};
-    snprintf(path, sizeof path, "%s/" K3_PACK_JOURNAL "/plan", tmp);
-    if (!exists(path))
-        return -1;
-    if (k3_io_read_file(path, 4096, &txt, &len, &je))
-        return 1;
-    k3_man_hex(p->fingerprint, hex);
-    int same = len >= 64 && !memcmp(txt, hex, 64);
-    free(txt);
-    return same ? 0 : 1;
-}
-
 /* 0 if the manifest at mp is the one this plan produces (hashes of written
  * files taken from it), K3_EEXIST if not. */
 static int same_plan_manifest(k3_pack_plan *p, const char *mp, k3_err *e)
@@ -598,20 +683,6 @@ static int same_plan_manifest(k3_pack_plan *p, const char *mp, k3_err *e)
                              mp);
 }
 
-/* Hold an exclusive lock on the temporary directory for the whole run, so
- * that two k3-pack processes never work on the same DST at once. */
-static int lock_dir(const char *dir, int *fd, k3_err *e)
-{
-    if (*fd >= 0)
-        return 0;
-    *fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (*fd < 0)
-        return k3_err_sys(e, K3_EIO, errno, "%s: cannot open", dir);
-    if (flock(*fd, LOCK_EX | LOCK_NB) != 0)
-        return k3_err_set(e, K3_EEXIST, "%s: another k3-pack is writing it", dir);
-    return 0;
-}
-
 /* Remove the stand-ins ("DST.k3-pack-probe.XXXXXX") a kill during planning
  * left next to DST. */
 static int remove_stale_probes(const char *dst, k3_err *e)
@@ -641,56 +712,46 @@ static int remove_stale_probes(const char *dst, k3_err *e)
     while (!rc && (de = readdir(d)))
         if (!strncmp(de->d_name, prefix, lp) && strlen(de->d_name) == lp + 6) {
             snprintf(path, sizeof path, "%s/%s", parent, de->d_name);
-            rc = remove_tree(path, 0, e);
+            rc = remove_tree(path, e);
         }
     closedir(d);
     return rc;
 }
 
-static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lockfd, k3_err *e)
+static int run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e)
 {
     memset(s, 0, sizeof *s);
     double t0 = now_s();
     const char *dst = p->dst;
-    char tmp[4200], old[4200], jdir[4400], path[4500];
+    char tmp[4200], old[4200], path[4500];
     if (snprintf(tmp, sizeof tmp, "%s" K3_PACK_TMP_SUFFIX, dst) >= (int)sizeof tmp ||
         snprintf(old, sizeof old, "%s" K3_PACK_OLD_SUFFIX, dst) >= (int)sizeof old)
         return k3_err_set(e, K3_ELIMIT, "%s: path too long", dst);
-    {
-        /* DST must be neither the source nor inside it (a packed model holds
-         * no other file) */
-        char parent[4200];
-        snprintf(parent, sizeof parent, "%s", dst);
-        char *slash = strrchr(parent, '/');
-        if (slash && slash != parent)
-            *slash = 0;
-        else
-            snprintf(parent, sizeof parent, "%s", slash ? "/" : ".");
-        char *rdst = realpath(dst, NULL), *rpar = realpath(parent, NULL);
-        size_t ls = strlen(p->src);
-        int bad = (rdst && !strcmp(rdst, p->src)) ||
-                  (rpar && (!strcmp(rpar, p->src) || (!strncmp(rpar, p->src, ls) && rpar[ls] == '/')));
-        free(rdst);
-        free(rpar);
-        if (bad)
-            return k3_err_set(e, K3_EARG, "%s: DST is the source or inside it (%s)", dst, p->src);
-    }
     int rc;
-    if (exists(dst) && !o->force)
+    if (dest->state != K3_DEST_ABSENT && !o->force)
         return k3_err_set(e, K3_EEXIST, "%s exists (use --force to replace it)", dst);
-    journal_path(jdir, sizeof jdir, tmp, NULL);
+    k3_journal jn;
+    if ((rc = pack_journal(&jn, tmp, e)))
+        return rc;
     if ((rc = remove_stale_probes(dst, e)))
         return rc;
     int resuming = 0;
     if (exists(tmp)) {
-        if ((rc = lock_dir(tmp, lockfd, e)))
+        if ((rc = k3_dest_check_dir(&k3_pack_dest_tool, tmp, 1, e)))
             return rc;
-        int cmp = journal_plan_cmp(tmp, p);
+        char hex[65];
+        k3_man_hex(p->fingerprint, hex);
+        k3_err pe = {0};
+        int cmp = k3_journal_plan_cmp(&jn, hex, &pe);   /* 0 same, 1 other, 2 absent, <0 unreadable */
+        if (cmp < 0 && o->resume) {
+            *e = pe;
+            return cmp;
+        }
         char mp[4400];
         snprintf(mp, sizeof mp, "%s/manifest.json", tmp);
         if (o->resume && cmp == 0) {
             resuming = 1;
-        } else if (o->resume && cmp < 0 && exists(mp)) {
+        } else if (o->resume && cmp == 2 && exists(mp)) {
             /* killed after the journal was removed: complete, only the rename
              * is left - if it is this plan's model: the planned manifest with
              * the written hashes taken from it must be the same text */
@@ -701,10 +762,10 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
             if ((rc = same_plan_manifest(p, mp, e)))
                 return rc;
             /* killed inside the journal's removal ("plan" went first) */
-            if ((rc = remove_tree(jdir, 0, e)) || (rc = k3_io_fsync_dir(tmp, e)))
+            if ((rc = k3_journal_remove(&jn, e)))
                 return rc;
             goto publish;
-        } else if (o->resume && cmp > 0) {
+        } else if (o->resume && cmp == 1) {
             return k3_err_set(e, K3_EEXIST,
                               "%s was left by a repack with a different plan (other source or options): use "
                               "--force to start again",
@@ -715,23 +776,15 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
                               "--force)",
                               tmp);
         }
-        if (!resuming && (rc = remove_tree(tmp, 1, e)))
+        if (!resuming && (rc = remove_tree(tmp, e)))
             return rc;
     }
     if (!resuming) {
         if (mkdir(tmp, 0755) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", tmp);
-        if (*lockfd >= 0)
-            close(*lockfd);   /* the lock of the removed temporary */
-        *lockfd = -1;
-        if ((rc = lock_dir(tmp, lockfd, e)))
-            return rc;
-        if (mkdir(jdir, 0755) != 0)
-            return k3_err_sys(e, K3_EIO, errno, "%s: cannot create", jdir);
         char hex[65];
         k3_man_hex(p->fingerprint, hex);
-        snprintf(path, sizeof path, "%s/plan", jdir);
-        if ((rc = k3_io_write_file_atomic(path, hex, 64, e)) || (rc = k3_io_fsync_dir(tmp, e)))
+        if ((rc = k3_journal_begin(&jn, hex, e)) || (rc = k3_io_fsync_dir(tmp, e)))
             return rc;
     }
 
@@ -746,7 +799,7 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
             return rc;
         switch (out->how) {
         case K3_PACK_OUT_TRUNK:
-            rc = write_trunk(p, tmp, out, o->dense, s, e);
+            rc = write_trunk(p, tmp, out, o->dense, resuming, o->progress, s, e);
             break;
         case K3_PACK_OUT_EXPERTS:
             rc = write_experts(p, tmp, out, s, e);
@@ -795,13 +848,15 @@ static int run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, int *lo
             return rc;
     }
     crash_point("manifest", 0);
-    if ((rc = remove_tree(jdir, 0, e)) || (rc = k3_io_fsync_dir(tmp, e)))
+    if ((rc = k3_journal_remove(&jn, e)))
         return rc;
     crash_point("renaming", 0);
 
 publish:
     if (exists(dst)) {   /* --force: the old DST leaves only once the new one is complete */
-        if (exists(old) && (rc = remove_tree(old, 1, e)))
+        /* DST was checked to be a packed model (or empty) when it was
+         * opened, under the lock; the old copy must still be one */
+        if ((rc = k3_dest_check_dir(&k3_pack_dest_tool, dst, 0, e)) || (rc = remove_tree(old, e)))
             return rc;
         if (rename(dst, old) != 0)
             return k3_err_sys(e, K3_EIO, errno, "%s: cannot move aside to %s", dst, old);
@@ -824,17 +879,15 @@ publish:
         if ((rc = k3_io_fsync_dir(parent, e)))
             return rc;
     }
-    if (exists(old) && (rc = remove_tree(old, 1, e)))
+    if ((rc = remove_tree(old, e)))
         return rc;
     s->seconds = now_s() - t0;
     return 0;
 }
 
-int k3_pack_run(k3_pack_plan *p, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e)
+int k3_pack_run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e)
 {
-    int lockfd = -1;
-    int rc = run(p, o, s, &lockfd, e);
-    if (lockfd >= 0)
-        close(lockfd);
-    return rc;
+    if (!dest || dest->lock_fd < 0 || !p->dst || strcmp(dest->path, p->dst))
+        return k3_err_set(e, K3_EINTERNAL, "k3_pack_run: the destination is not open and locked");
+    return run(p, dest, o, s, e);
 }

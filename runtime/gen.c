@@ -11,12 +11,39 @@
 #include <time.h>
 
 #include "k3_gen.h"
+#include "k3_progress.h"
 
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The prompt through the model. With a progress, chunk by chunk at the
+ * model's own chunk boundaries (k3_model_forward cuts the same way), so the
+ * numbers do not change; each chunk is counted when done. */
+static int forward_prompt(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t n, int mode, float *logits,
+                          struct k3_progress *pr, k3_err *e)
+{
+    if (!pr)
+        return k3_model_forward(m, s, ids, n, mode, logits, e);
+    const uint64_t V = k3_model_cfg(m)->vocab_size;
+    const uint32_t C = k3_model_max_chunk(m);
+    k3_progress_set_total(pr, n);
+    for (uint32_t off = 0; off < n;) {
+        uint32_t T = n - off < C ? n - off : C;
+        int last = off + T == n;
+        int rc = mode == K3_LOGITS_ALL ? k3_model_forward(m, s, ids + off, T, K3_LOGITS_ALL, logits + off * V, e)
+                 : last                ? k3_model_forward(m, s, ids + off, T, mode, logits, e)
+                                       : k3_model_forward(m, s, ids + off, T, K3_LOGITS_NONE, NULL, e);
+        if (rc < 0)
+            return rc;
+        k3_progress_add(pr, T);
+        off += T;
+    }
+    k3_progress_finish(pr);
+    return 0;
 }
 
 int k3_gen_run(k3_model *m, k3_sess *s, k3_sampler *smp, const uint32_t *prompt, uint32_t n_prompt,
@@ -37,11 +64,11 @@ int k3_gen_run(k3_model *m, k3_sess *s, k3_sampler *smp, const uint32_t *prompt,
     double t0 = now_s();
     int rc;
     if (o->all_logits) {
-        rc = k3_model_forward(m, s, prompt, n_prompt, K3_LOGITS_ALL, o->all_logits, e);
+        rc = forward_prompt(m, s, prompt, n_prompt, K3_LOGITS_ALL, o->all_logits, o->progress, e);
         if (rc == 0)
             memcpy(logits, o->all_logits + (uint64_t)(n_prompt - 1) * V, V * sizeof(float));
     } else {
-        rc = k3_model_forward(m, s, prompt, n_prompt, K3_LOGITS_LAST, logits, e);
+        rc = forward_prompt(m, s, prompt, n_prompt, K3_LOGITS_LAST, logits, o->progress, e);
     }
     if (rc < 0)
         return rc;

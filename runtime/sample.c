@@ -125,16 +125,21 @@ static void sort_ids(uint32_t *a, uint32_t n, const float *z)
     }
 }
 
+/* The argmax, ties to the lowest id, NaN never chosen over a number. */
+static uint32_t greedy(const float *logits, uint32_t V)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < V; i++)
+        if (logits[i] > logits[best] || (logits[best] != logits[best] && logits[i] == logits[i]))
+            best = i;
+    return best;
+}
+
 uint32_t k3_sampler_next(k3_sampler *s, const float *logits)
 {
     const uint32_t V = s->V;
-    if (s->temperature <= 0.0f) {
-        uint32_t best = 0;
-        for (uint32_t i = 1; i < V; i++)
-            if (logits[i] > logits[best] || (logits[best] != logits[best] && logits[i] == logits[i]))
-                best = i;
-        return best;
-    }
+    if (s->temperature <= 0.0f)
+        return greedy(logits, V);
     for (uint32_t i = 0; i < V; i++) {
         s->z[i] = logits[i] / s->temperature;
         s->idx[i] = i;
@@ -144,6 +149,12 @@ uint32_t k3_sampler_next(k3_sampler *s, const float *logits)
     if (s->top_k && s->top_k < n)
         n = s->top_k;
     const float zmax = s->z[s->idx[0]];
+    /* A temperature so small that the largest logit / temperature overflows
+     * float (inf - inf would make every probability NaN): the limit of the
+     * distribution as the temperature goes to 0 is the argmax, so greedy.
+     * Also every logit NaN. */
+    if (!isfinite(zmax))
+        return greedy(logits, V);
     double sum = 0.0;
     for (uint32_t i = 0; i < n; i++) {
         float zi = s->z[s->idx[i]];

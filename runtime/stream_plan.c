@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "k3_io.h"
+#include "k3_mem.h"
 #include "k3_stream.h"
 
 #define MIB (1ull << 20)
@@ -431,6 +432,26 @@ static const char *sz(char *buf, uint64_t n)
     else
         snprintf(buf, 32, "%9.3f MiB", (double)n / 1048576.0);
     return buf;
+}
+
+int k3_stream_plan_check_memory(const k3_stream_plan *p, k3_err *e)
+{
+    uint64_t avail;
+    const char *src;
+    if (k3_mem_available(&avail, &src) < 0)
+        return 0;   /* nothing known: nothing refused */
+    const double G = 1073741824.0;
+    if (p->floor > avail)
+        return k3_err_set(e, K3_EBUDGET,
+                          "the floor of this model is %llu bytes (%.2f GiB), more than the memory available: "
+                          "%llu bytes (%.2f GiB, %s)",
+                          (unsigned long long)p->floor, p->floor / G, (unsigned long long)avail, avail / G, src);
+    if (p->budget > avail)
+        return k3_err_set(e, K3_EBUDGET,
+                          "RAM budget %llu bytes (%.2f GiB) is more than the memory available: %llu bytes "
+                          "(%.2f GiB, %s); give a smaller --ram",
+                          (unsigned long long)p->budget, p->budget / G, (unsigned long long)avail, avail / G, src);
+    return 0;
 }
 
 void k3_stream_plan_print(const k3_stream_plan *p, FILE *f, const char *pre)

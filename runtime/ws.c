@@ -83,26 +83,15 @@ int k3_wslot_in_head(k3_wslot s)
 
 int k3_ws_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)
 {
-    char p[4096];
-    struct stat st;
     *out = NULL;
-    int rc = k3_io_path_join(p, sizeof p, dir, "manifest.json", e);
-    if (rc < 0)
-        return rc;
-    if (stat(p, &st) == 0)
+    int k = k3_io_dir_kind(dir, e);   /* permission, a file, missing: said exactly */
+    if (k < 0)
+        return k;
+    if (k == K3_DIR_PACKED)
         return k3_ws_pk_open(out, dir, flags, e);
-    if (stat(dir, &st) != 0)
-        return k3_err_sys(e, K3_EIO, errno, "%s: cannot open model", dir);
-    if (!S_ISDIR(st.st_mode))
-        return k3_err_set(e, K3_EARG, "%s: not a directory (a model is a directory)", dir);
-    rc = k3_io_path_join(p, sizeof p, dir, "config.json", e);
-    if (rc < 0)
-        return rc;
-    if (stat(p, &st) != 0)
-        return k3_err_set(e, K3_ENOENT,
-                          "%s: not a model: no manifest.json (packed model; a packed model without it is "
-                          "incomplete) and no config.json (upstream checkpoint)", dir);
-    return k3_ws_st_open(out, dir, flags, e);
+    if (k == K3_DIR_UPSTREAM)
+        return k3_ws_st_open(out, dir, flags, e);
+    return k3_io_dir_expect(dir, K3_DIR_PACKED, "k3-run", e);  /* unfinished, or not a model */
 }
 
 void k3_ws_close(k3_ws *ws)

@@ -36,6 +36,7 @@
 #include "k3_crc.h"
 #include "k3_io.h"
 #include "k3_kern.h"
+#include "k3_out.h"
 #include "k3_pk.h"
 #include "k3_stream.h"
 #include "k3_ws.h"
@@ -181,7 +182,8 @@ typedef struct ws_stream {
     int io_stop;               /* the I/O threads' flag (x_mu) */
     int xfailed;
     k3_err xerr;
-    FILE *trace;
+    FILE *trace;               /* trace_out.f while the trace is open */
+    k3_outf trace_out;         /* --trace: "<path>.tmp", renamed by k3_ws_stream_finish */
     k3_stream_stats st;
 } ws_stream;
 
@@ -1101,8 +1103,7 @@ static void st_close(k3_ws *ws)
         pthread_cond_destroy(&w->tc_cv);
     }
     free(w->tc);
-    if (w->trace)
-        fclose(w->trace);
+    k3_outf_abort(&w->trace_out);   /* a trace never finished is not left behind */
     arena_free(w->pin_arena, w->pin_map);
     arena_free(w->ring, w->ring_map);
     arena_free(w->pring, w->pring_map);
@@ -1250,6 +1251,19 @@ int k3_ws_stream_open(k3_ws **out, const char *dir, int direct, k3_err *e)
     }
     *out = &w->base;
     return 0;
+}
+
+int k3_ws_stream_finish(k3_ws *ws, k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (!w->trace)
+        return 0;
+    if (w->sync_on)
+        pthread_mutex_lock(&w->x_mu);
+    w->trace = NULL;   /* no I/O thread writes to it any more */
+    if (w->sync_on)
+        pthread_mutex_unlock(&w->x_mu);
+    return k3_outf_commit(&w->trace_out, e);
 }
 
 int k3_ws_stream_direct(const k3_ws *ws) { return ((const ws_stream *)ws)->direct; }
@@ -1501,9 +1515,10 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
             return k3_err_set(e, K3_ENOMEM, "out of memory");
     }
     if (o->trace_path) {
-        w->trace = fopen(o->trace_path, "w");
-        if (!w->trace)
-            return k3_err_sys(e, K3_EIO, errno, "%s: cannot create the trace file", o->trace_path);
+        rc = k3_outf_open(&w->trace_out, o->trace_path, e);
+        if (rc < 0)
+            return rc;
+        w->trace = w->trace_out.f;
         fprintf(w->trace, "# k3-run expert trace: forward layer expert H|M (hit or miss at first request)\n");
     }
     w->pin_arena = p->trunk_pinned ? arena_alloc(p->trunk_pinned, &w->pin_map) : NULL;

@@ -7,6 +7,8 @@
 #include "synth.h"
 
 #include "k3_cli.h"
+#include "k3_json.h"
+#include "k3_out.h"
 #include "k3_kern.h"
 
 #include <cjson/cJSON.h>
@@ -62,7 +64,8 @@ static void usage(FILE *f)
             "  --threads N          generator threads (default: all)\n"
             "  --no-direct          buffered writes instead of O_DIRECT\n"
             "  --quiet              no progress, no summary\n"
-            "  --force              replace an existing checkpoint at DST\n"
+            "  --force              replace an existing k3-synth checkpoint at DST (nothing\n"
+            "                       else: see README, Destinations)\n"
             "  --json               print the summary as JSON\n"
             "  --version, --help\n"
             "\n"
@@ -79,6 +82,7 @@ static int die(int status, const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
+    k3_out_failed();
     return status;
 }
 
@@ -112,6 +116,7 @@ static int parse_size(const char *s, uint64_t *out)
 
 int main(int argc, char **argv)
 {
+    k3_out_init("k3-synth");
     const char *dst = NULL, *preset = NULL, *experts = "mxfp4", *form = NULL, *vectors = NULL, *alog = "heads", *trunk = NULL;
     uint64_t layers = 0, vocab = 0, seed = 1, shard = 0, threads = 0, chunk = 0;
     int vision = 0;
@@ -277,7 +282,9 @@ int main(int argc, char **argv)
     }
     if (json) {
         cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "dst", d);
+        char *u = k3_json_utf8_dup(d);   /* valid UTF-8 whatever the path (k3_json.h) */
+        cJSON_AddStringToObject(j, "dst", u ? u : "");
+        free(u);
         cJSON_AddStringToObject(j, "preset", o.m.preset);
         cJSON_AddNumberToObject(j, "seed", (double)seed);
         cJSON_AddNumberToObject(j, "tensors", (double)r.tensors);

@@ -3,14 +3,17 @@
  * shards under the size limit, streams each one through the shard writer,
  * then writes the index, config and tokenizer files, and publishes.
  *
- * Crash safety: everything is built in "<dst>.tmp" (a directory of ours) and
+ * Crash safety: everything is built in "<dst>.k3-synth-tmp" (a directory of ours) and
  * renamed to dst at the very end, so dst is either absent, the old complete
  * checkpoint (with --force), or the new complete one. On any error or
- * interruption the files we created in "<dst>.tmp" are removed, and only
- * those (a directory that holds anything else is left alone).
+ * interruption the files we created in "<dst>.k3-synth-tmp" are removed, and only
+ * those (a directory that holds anything else is left alone). Every shard
+ * says "writer": "k3-synth" in its header metadata: that is how --force
+ * recognises a checkpoint of ours (k3_dest.h) and never replaces a real one.
  */
 #include "synth.h"
 
+#include "k3_dest.h"
 #include "k3_io.h"
 #include "k3_stw.h"
 
@@ -26,61 +29,18 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Files a checkpoint directory may hold: only these are ever removed. */
-static int is_checkpoint_file(const char *name)
-{
-    size_t n = strlen(name);
-    static const char *fixed[] = {"config.json", "model.safetensors.index.json", "tiktoken.model",
-                                  "tokenizer_config.json"};
-    for (size_t k = 0; k < sizeof fixed / sizeof *fixed; k++) {
-        size_t fl = strlen(fixed[k]);
-        if (!strcmp(name, fixed[k]) || (n == fl + 4 && !strncmp(name, fixed[k], fl) && !strcmp(name + fl, ".tmp")))
-            return 1;
-    }
-    return (n > 12 && !strcmp(name + n - 12, ".safetensors")) ||
-           (n > 16 && !strcmp(name + n - 16, ".safetensors.tmp"));
-}
+/* k3-synth's destination (k3_dest.h): a checkpoint built in DST.k3-synth-tmp */
+#define SYNTH_TMP_SUFFIX ".k3-synth-tmp"
+#define SYNTH_OLD_SUFFIX ".k3-synth-old"
+static const char *const synth_siblings[] = {SYNTH_TMP_SUFFIX, SYNTH_OLD_SUFFIX, NULL};
+#define SYNTH_WRITER "k3-synth"   /* the shards' header metadata "writer" */
+static const k3_dest_tool synth_tool = {"k3-synth", K3_DEST_CHECKPOINT, synth_siblings};
 
-/* Remove a directory that holds only checkpoint files; anything else makes it
- * K3_EEXIST (and nothing is removed). check_only: just check. */
-static int checkpoint_dir(const char *dir, int check_only, k3_err *e)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return k3_err_sys(e, K3_EIO, errno, "%s: cannot open directory", dir);
-    struct dirent *de;
-    int foreign = 0;
-    while ((de = readdir(d)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && !is_checkpoint_file(de->d_name))
-            foreign = 1;
-    if (foreign) {
-        closedir(d);
-        return k3_err_set(e, K3_EEXIST, "%s: holds files that are not part of a checkpoint; not replacing it",
-                          dir);
-    }
-    if (check_only) {
-        closedir(d);
-        return 0;
-    }
-    rewinddir(d);
-    char path[PATH_MAX];
-    int rc = 0;
-    while ((de = readdir(d)) && rc == 0) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-            continue;
-        rc = k3_io_path_join(path, sizeof path, dir, de->d_name, e);
-        if (rc == 0 && unlink(path) != 0)
-            rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", path);
-    }
-    closedir(d);
-    if (rc == 0 && rmdir(dir) != 0)
-        rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot remove directory", dir);
-    return rc;
-}
-
+/* Remove a directory of ours (the temporary, the old DST), after checking
+ * that it holds only a checkpoint's files. */
 static int remove_checkpoint_dir(const char *dir, k3_err *e)
 {
-    return checkpoint_dir(dir, 0, e);
+    return k3_dest_clear(&synth_tool, dir, 1, 1, e);
 }
 
 static double now_s(void)
@@ -240,6 +200,8 @@ static int plan_shards(k3_synth_tensor *t, uint64_t count, uint64_t max, uint32_
             rc = k3_stw_create(&w, NULL, e);
             s++;
         }
+        if (rc == 0 && k3_stw_count(w) == 0)
+            rc = k3_stw_metadata(w, "writer", SYNTH_WRITER, e);
         if (rc == 0)
             rc = k3_stw_add(w, name, (k3_dtype)t[i].dtype, t[i].ndim, t[i].shape, e);
         t[i].shard = s;
@@ -249,32 +211,45 @@ static int plan_shards(k3_synth_tensor *t, uint64_t count, uint64_t max, uint32_
     return rc;
 }
 
+static int synth_write(k3_synth_opts *op, const k3_dest *dest, volatile sig_atomic_t *cancel, k3_synth_result *r,
+                       k3_err *e);
+
 int k3_synth_write(const k3_synth_opts *opts, const char *dst, volatile sig_atomic_t *cancel, k3_synth_result *r,
                    k3_err *e)
 {
     double t0 = now_s();
     memset(r, 0, sizeof *r);
     k3_synth_opts o = *opts;
+    /* DST checked, owned and locked for the whole run */
+    k3_dest dest;
+    int rc0 = k3_dest_open(&dest, &synth_tool, NULL, dst, e);
+    if (rc0)
+        return rc0;
+    int rc = synth_write(&o, &dest, cancel, r, e);
+    k3_dest_close(&dest);
+    r->seconds = now_s() - t0;
+    return rc;
+}
+
+static int synth_write(k3_synth_opts *op, const k3_dest *dest, volatile sig_atomic_t *cancel, k3_synth_result *r,
+                       k3_err *e)
+{
+    k3_synth_opts o = *op;
+    const char *dst = dest->path;
     char tmpdir[PATH_MAX];
-    if (snprintf(tmpdir, sizeof tmpdir, "%s.tmp", dst) >= (int)sizeof tmpdir)
+    if (snprintf(tmpdir, sizeof tmpdir, "%s" SYNTH_TMP_SUFFIX, dst) >= (int)sizeof tmpdir)
         return k3_err_set(e, K3_ELIMIT, "%s: path too long", dst);
     struct stat st;
-    int dst_exists = lstat(dst, &st) == 0;
+    int dst_exists = dest->state != K3_DEST_ABSENT;
     if (dst_exists && !o.force)
         return k3_err_set(e, K3_EEXIST, "%s: already exists (use --force to replace it)", dst);
-    if (dst_exists && !S_ISDIR(st.st_mode))
-        return k3_err_set(e, K3_EEXIST, "%s: exists and is not a directory; not replacing it", dst);
-    if (dst_exists) {
-        int rc = checkpoint_dir(dst, 1, e);
-        if (rc)
-            return rc;
-    }
     if (lstat(tmpdir, &st) == 0) {
         if (!o.force)
             return k3_err_set(e, K3_EEXIST, "%s: a temporary from an earlier run exists (remove it or use --force)",
                               tmpdir);
         int rc = S_ISDIR(st.st_mode) ? remove_checkpoint_dir(tmpdir, e)
-                                     : k3_err_set(e, K3_EEXIST, "%s: exists and is not a directory", tmpdir);
+                                     : k3_err_set(e, K3_EEXIST, "%s: exists and is not a directory; not touching it",
+                                                  tmpdir);
         if (rc)
             return rc;
     }
@@ -335,6 +310,8 @@ int k3_synth_write(const k3_synth_opts *opts, const char *dst, volatile sig_atom
         if (rc == 0)
             rc = k3_stw_create(&w, path, e);
         if (rc == 0)
+            rc = k3_stw_metadata(w, "writer", SYNTH_WRITER, e);
+        if (rc == 0)
             rc = declare(w, t, first, n, e);
         if (rc == 0)
             rc = k3_stw_begin(w, 0, e);
@@ -373,10 +350,10 @@ int k3_synth_write(const k3_synth_opts *opts, const char *dst, volatile sig_atom
         rc = k3_io_fsync_dir(tmpdir, e);
     /* publish: move an old checkpoint aside, rename ours into place */
     if (rc == 0) {
-        char old[PATH_MAX];
-        snprintf(old, sizeof old, "%s.old-%ld", dst, (long)getpid());
+        char old[PATH_MAX + 16];
+        snprintf(old, sizeof old, "%s" SYNTH_OLD_SUFFIX, dst);
         int moved = 0;
-        if (dst_exists) {
+        if (dst_exists && (rc = remove_checkpoint_dir(old, e)) == 0) {
             if (rename(dst, old) != 0)
                 rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot move aside", dst);
             else
@@ -406,7 +383,6 @@ int k3_synth_write(const k3_synth_opts *opts, const char *dst, volatile sig_atom
     k3_progress_free(prog);
     r->tensors = count;
     r->shards = nshards;
-    r->seconds = now_s() - t0;
     free(names);
     free(t);
     k3_synth_bpe_free(tok, tlen, ranks);

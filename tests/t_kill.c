@@ -254,7 +254,7 @@ K3_TEST_TIMEOUT(kill_synth_leaves_nothing_or_the_whole_checkpoint, 300)
         /* no --resume: a rerun replaces whatever is left */
         CHECK_EQ_INT(k3t_runf(NULL, NULL, "%s", cmd), 0);
         same_tree(what, dst, up);
-        CHECK_EQ_INT(k3t_runf(NULL, NULL, "rm -rf %s %s.tmp", dst, dst), 0);
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "rm -rf %s %s.k3-synth-tmp", dst, dst), 0);
     }
 }
 
@@ -475,4 +475,92 @@ K3_TEST_TIMEOUT(kill_convert_while_removing_the_journal_then_resume_is_byte_iden
         free(err);
         same_tree(what, dst, pk);
     }
+}
+
+/* ------------------------------------------------------------ inside the trunk */
+
+/* trunk_bytes_kept from k3-pack --json output */
+static long long json_kept(const char *out)
+{
+    const char *k = out ? strstr(out, "\"trunk_bytes_kept\": ") : NULL;
+    return k ? atoll(k + strlen("\"trunk_bytes_kept\": ")) : -1;
+}
+
+/* k3-pack journals the trunk file per unit: killed inside the trunk (after
+ * unit U's checkpoint, or between checkpoints), --resume keeps every
+ * finished unit (trunk_bytes_kept grows with U) and the result is
+ * byte-identical. Whatever the killed run wrote past the checkpoint -
+ * here overwritten with junk, as a torn write might leave it - is not
+ * taken; a checkpoint that does not hash to its seal is not taken either
+ * (nothing kept, still identical). */
+K3_TEST_TIMEOUT(kill_pack_inside_the_trunk_keeps_finished_units, 300)
+{
+    char up[4096], pk[4096], ref[4096], dst[4096], tmpd[4200], part[4400];
+    fixture(up, pk, NULL);
+    const char *t = k3t_tmpdir();
+    join(ref, t, "ref");
+    join(dst, t, "p");
+    snprintf(tmpd, sizeof tmpd, "%s.k3-pack-tmp", dst);
+    snprintf(part, sizeof part, "%s/.k3-pack-journal/trunk-0000.k3t.part.json", tmpd);
+    const char *opts = "--quiet --ram floor --unit-bytes 65536";
+    char cmd[8800], *rout = NULL;
+    CHECK_EQ_INT(k3t_runf(&rout, NULL, "k3-pack --json %s %s %s", opts, pk, ref), 0);
+    const char *un = rout ? strstr(rout, "\"units\": ") : NULL;
+    int units = un ? atoi(un + strlen("\"units\": ")) : 0;
+    free(rout);
+    CHECK(units >= 8);
+    int at[3] = {0, units / 2, units - 2};
+    long long last = 0;
+    for (int k = 0; k < 3; k++) {
+        for (int mode = 0; mode < 3; mode++) {
+            char what[160], *out = NULL, *err = NULL;
+            snprintf(what, sizeof what, "k3-pack killed after trunk unit %d%s", at[k],
+                     mode == 1 ? ", junk past the checkpoint" : mode == 2 ? ", checkpoint tampered" : "");
+            CHECK_EQ_INT(k3t_runf(NULL, NULL, "rm -rf %s %s", dst, tmpd), 0);
+            CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_PACK_CRASH=unit:%d k3-pack %s %s %s", at[k], opts, pk, dst), 137);
+            CHECK(!exists(dst));
+            CHECK(exists(part));
+            if (mode == 1) {
+                /* junk from the checkpoint's frontier to the end of the temporary */
+                CHECK_EQ_INT(k3t_runf(NULL, NULL,
+                                      "f=$(grep -o '\"frontier\":[0-9]*' %s | cut -d: -f2) && "
+                                      "s=$(stat -c %%s %s/trunk-0000.k3t.tmp) && "
+                                      "head -c $((s - f)) /dev/urandom | dd of=%s/trunk-0000.k3t.tmp bs=4096 "
+                                      "oflag=seek_bytes seek=$f conv=notrunc status=none",
+                                      part, tmpd, tmpd),
+                             0);
+            } else if (mode == 2) {
+                CHECK_EQ_INT(k3t_runf(NULL, NULL, "sed -i 's/\"frontier\":/\"frontier\": /' %s", part), 0);
+            }
+            int st = k3t_runf(&out, &err, "k3-pack --json %s --resume %s %s", opts, pk, dst);
+            if (st != 0)
+                fprintf(stderr, "  %s: --resume: %s\n", what, err ? err : "");
+            CHECK_EQ_INT(st, 0);
+            long long kept = json_kept(out);
+            if (mode == 2) {
+                CHECK_EQ_INT(kept, 0);
+            } else {
+                if (kept <= last)
+                    fprintf(stderr, "  %s: %lld trunk bytes kept (after the previous unit: %lld)\n", what, kept, last);
+                CHECK(kept > last);
+            }
+            free(out);
+            free(err);
+            same_tree(what, dst, ref);
+            CHECK(!exists(tmpd));
+        }
+        snprintf(cmd, sizeof cmd, "K3_PACK_CRASH=unit:%d k3-pack %s --json %s %s", at[k], opts, pk, dst);
+        char *out = NULL;
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "rm -rf %s %s && %s", dst, tmpd, cmd), 137);
+        CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-pack --json %s --resume %s %s", opts, pk, dst), 0);
+        last = json_kept(out);
+        free(out);
+    }
+    /* killed between two checkpoints, then its --resume killed later in the
+     * trunk, then resumed to the end */
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "rm -rf %s %s", dst, tmpd), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_PACK_CRASH=trunk:%d k3-pack %s %s %s", units + 1, opts, pk, dst), 137);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_PACK_CRASH=unit:%d k3-pack %s --resume %s %s", units - 3, opts, pk, dst), 137);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack %s --resume %s %s", opts, pk, dst), 0);
+    same_tree("k3-pack killed twice inside the trunk", dst, ref);
 }

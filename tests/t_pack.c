@@ -307,10 +307,11 @@ K3_TEST_TIMEOUT(pack_killed_at_every_stage_leaves_dst_absent_then_resumes_to_the
         CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-pack --quiet %s %s %s", opts, src, dst), 7);
         CHECK_STR_CONTAINS(err, "--resume");
         free(err);
-        /* nor while another process holds the temporary */
+        /* nor while another process holds DST's lock */
         if (i == 0) {
-            CHECK_EQ_INT(k3t_runf(NULL, &err, "flock %s k3-pack --quiet --resume %s %s %s", tdir, opts, src, dst), 7);
-            CHECK_STR_CONTAINS(err, "another k3-pack");
+            CHECK_EQ_INT(k3t_runf(NULL, &err, "flock %s.k3-lock k3-pack --quiet --resume %s %s %s", dst, opts, src, dst),
+                         7);
+            CHECK_STR_CONTAINS(err, "is in use by");
             free(err);
         }
         /* a different plan does not resume into it */

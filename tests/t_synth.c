@@ -252,11 +252,12 @@ K3_TEST(synth_refuses_an_existing_destination)
     /* --force replaces a checkpoint ... */
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth '%s' --preset tiny --quiet --seed 2 --force", d), 0);
     CHECK(!exists(t, "ck.tmp"));
+    CHECK(!exists(t, "ck.k3-synth-tmp"));
     /* ... but never a directory holding anything else */
     char *other = path_in(d, "notes.txt");
     CHECK_EQ_INT(k3_io_write_file_atomic(other, "keep", 4, &(k3_err){0}), 0);
     CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-synth '%s' --preset tiny --quiet --force", d), 7);
-    CHECK_STR_CONTAINS(err, "not part of a checkpoint");
+    CHECK_STR_CONTAINS(err, "not part of a k3-synth checkpoint");
     CHECK(exists(d, "notes.txt"));
     CHECK(exists(d, "config.json"));
     free(err);
@@ -591,17 +592,25 @@ K3_TEST(stw_unfinished_writer_removes_its_temporary)
 
 K3_TEST(progress_prints_plain_lines_off_a_terminal_and_nothing_when_quiet)
 {
-    FILE *f = tmpfile(), *q = tmpfile();
-    k3_progress *p = k3_progress_create("job", 1000, f, 0);
-    k3_progress *pq = k3_progress_create("job", 1000, q, 1);
+    /* off a terminal: plain lines only when asked (K3_PROGRESS_FORCE, --progress);
+     * K3_PROGRESS_AUTO prints nothing into a file, nor does quiet */
+    FILE *f = tmpfile(), *q = tmpfile(), *au = tmpfile();
+    k3_progress *p = k3_progress_create("job", 1000, f, K3_PROGRESS_FORCE);
+    k3_progress *pq = k3_progress_create("job", 1000, q, K3_PROGRESS_QUIET);
+    k3_progress *pa = k3_progress_create("job", 1000, au, K3_PROGRESS_AUTO);
     k3_progress_add(p, 10);
     usleep(1100 * 1000);
     k3_progress_add(p, 490);   /* past the silent first second: a line */
     k3_progress_add(pq, 500);
+    k3_progress_add(pa, 500);
     k3_progress_finish(p);
     k3_progress_finish(pq);
+    k3_progress_finish(pa);
     k3_progress_free(p);
     k3_progress_free(pq);
+    k3_progress_free(pa);
+    CHECK_EQ_INT(ftell(au), 0);
+    fclose(au);
     k3_progress_add(NULL, 1);
     k3_progress_free(NULL);
     char buf[1024] = {0};

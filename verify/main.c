@@ -17,6 +17,11 @@
 #include "k3_cli.h"
 #include "k3_err.h"
 #include "k3_io.h"
+#include "k3_json.h"
+#include "k3_out.h"
+#include "k3_progress.h"
+
+#include <cjson/cJSON.h>
 #include "vfy.h"
 
 static void usage(FILE *f)
@@ -35,34 +40,37 @@ static void usage(FILE *f)
             "shards, the config's expected tensors (names, shapes, dtypes), --sums\n"
             "entries present; full mode hashes every shard (against --sums if given).\n"
             "\n"
-            "  --quick       sizes, headers, manifest and a sample of record CRCs (seconds)\n"
+            "  --quick       packed: sizes, manifest, every file up to 64 MiB hashed whole, a\n"
+            "                sample of the trunk units and expert records of larger files\n"
+            "                (CRC); upstream: headers and index only, no tensor data read\n"
             "  --sums FILE   sha256sum-style list of the upstream files (\"HEX  NAME\");\n"
             "                for a packed model, checked against its provenance\n"
             "  --sample N    --quick: records whose CRC is checked (default 32)\n"
             "  --threads N   hashing threads (default: number of CPUs)\n"
-            "  --quiet       only problems, no summary line\n"
+            "  --quiet       only problems, no summary line, no progress\n"
+            "  --progress    progress on stderr even when it is not a terminal\n"
+            "  --json        one JSON object on stdout: the problems and the summary\n"
+            "  --info        print what PATH holds (kind, config, sizes, provenance, the\n"
+            "                k3-pack budget, trunk dtypes) without checking it\n"
             "  --version     the version and the kernel and CRC paths in use\n"
             "  -h, --help    this help\n"
             "\n"
             "Exit status: 0 all good, 1 problems found (each listed on stdout), 2 usage,\n"
-            "3 bad --sums file, 4 PATH missing or unreadable, 6 out of memory.\n");
-}
-
-static int has_suffix_file(const char *dir, const char *a, const char *b)
-{
-    char p[4400];
-    snprintf(p, sizeof p, "%s/%s", dir, a);
-    if (access(p, F_OK) == 0)
-        return 1;
-    return b && (snprintf(p, sizeof p, "%s/%s", dir, b), access(p, F_OK) == 0);
+            "3 bad --sums file or manifest (--info), 4 PATH missing or unreadable,\n"
+            "6 out of memory, 8 disk full (stdout).\n");
 }
 
 int main(int argc, char **argv)
 {
+    k3_out_init("k3-verify");
     k3_vfy v = {.full = 1, .out = stdout, .sample = 32};
     const char *path = NULL, *sums = NULL;
-    int quiet = 0;
     uint64_t n;
+    int quiet = 0, json = 0, info = 0, progress = 0;
+    v.quick_max = K3_VFY_QUICK_HASH_MAX;
+    const char *qm = getenv("K3_QUICK_HASH_MAX");
+    if (qm && k3_cli_parse_u64(qm, 0, UINT64_MAX, &n) == 0)
+        v.quick_max = n;
     v.threads = omp_get_num_procs();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -78,6 +86,12 @@ int main(int argc, char **argv)
             v.full = 1;
         } else if (!strcmp(a, "--quiet")) {
             quiet = 1;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--info")) {
+            info = 1;
+        } else if (!strcmp(a, "--progress")) {
+            progress = 1;
         } else if (!strcmp(a, "--sums")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "k3-verify: error: --sums needs a file\n");
@@ -109,11 +123,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "k3-verify: error: need a PATH (see --help)\n");
         return K3_EXIT_USAGE;
     }
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "k3-verify: error: %s: %s\n", path, errno == ENOENT ? "no such directory" : "not a directory");
-        return K3_EXIT_IO;
-    }
+    k3_err de = {0};
+    int kind = k3_io_dir_kind(path, &de);   /* missing, a file, no permission: said exactly */
+    if (kind < 0)
+        return k3_out_error(kind == K3_EARG ? K3_EIO : kind, "%s", de.msg);
     k3_io_fault_reset();
     pthread_mutex_init(&v.mu, NULL);
     v.dir = path;
@@ -124,22 +137,48 @@ int main(int argc, char **argv)
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int packed = has_suffix_file(path, "manifest.json", "experts.idx");
-    if (!packed) {
-        /* packed data files without a manifest: an unfinished conversion */
-        char p[4400];
-        snprintf(p, sizeof p, "%s/trunk-0000.k3t", path);
-        packed = access(p, F_OK) == 0 || has_suffix_file(path, ".k3-convert-journal", NULL);
+    /* packed data files without a manifest (an unfinished conversion) are
+     * checked as a packed model: the missing manifest is the problem */
+    int packed = kind == K3_DIR_PACKED || kind == K3_DIR_PACKED_PARTIAL;
+    if (info) {
+        int irc = k3_vfy_info(path, packed, json, stdout, &e);
+        k3_vfy_sums_free(&v);
+        return irc ? k3_out_error(irc, "%s", e.msg) : 0;
     }
+    cJSON *jp = json ? cJSON_CreateArray() : NULL;
+    v.jproblems = jp;
+    if (!quiet && v.full)
+        v.progress = k3_progress_create("k3-verify", 0, stderr, progress ? K3_PROGRESS_FORCE : K3_PROGRESS_AUTO);
     int rc = packed ? k3_vfy_packed(&v, &e) : k3_vfy_upstream(&v, &e);
+    k3_progress_finish(v.progress);
+    k3_progress_free(v.progress);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     k3_vfy_sums_free(&v);
     if (rc) {
-        fprintf(stderr, "k3-verify: error: %s\n", e.msg);
-        return k3_err_exit_status(rc);
+        cJSON_Delete(jp);
+        return k3_out_error(rc, "%s", e.msg);
     }
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    if (!quiet) {
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        char *u = k3_json_utf8_dup(path);
+        cJSON_AddStringToObject(o, "path", u ? u : "");
+        free(u);
+        cJSON_AddStringToObject(o, "kind", packed ? "packed" : "upstream");
+        cJSON_AddStringToObject(o, "check", v.full ? "full" : "quick");
+        cJSON_AddBoolToObject(o, "ok", v.problems == 0);
+        cJSON_AddItemToObject(o, "problems", jp);
+        cJSON_AddNumberToObject(o, "files", (double)v.files);
+        cJSON_AddNumberToObject(o, "bytes_hashed", (double)v.bytes_hashed);
+        cJSON_AddNumberToObject(o, "crcs_checked", (double)v.crcs_checked);
+        cJSON_AddNumberToObject(o, "seconds", secs);
+        char *t = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!t)
+            return k3_out_error(K3_ENOMEM, "out of memory");
+        printf("%s\n", t);
+        free(t);
+    } else if (!quiet) {
         if (v.problems)
             printf("k3-verify: %s: %" PRIu64 " problem(s) found (%s %s check)\n", path, v.problems,
                    packed ? "packed" : "upstream", v.full ? "full" : "quick");

@@ -20,16 +20,25 @@ typedef struct k3_vfy_sum {
     int seen;
 } k3_vfy_sum;
 
+/* --quick hashes every file of at most this size whole (SHA-256 against
+ * the manifest, and the CRC of every unit and record in it); of the larger
+ * files it checks the CRC of --sample trunk units and --sample expert
+ * records (first, last, evenly between). Documented in README.md. */
+#define K3_VFY_QUICK_HASH_MAX (64ull << 20)
+
 typedef struct k3_vfy {
     const char *dir;
     int full;                   /* 1: hash everything; 0: --quick */
     int threads;                /* hashing threads, >= 1 */
     FILE *out;                  /* problems and the summary (stdout) */
-    FILE *progress;             /* NULL: quiet */
+    struct k3_progress *progress; /* the full check's bytes hashed; NULL: none */
     k3_vfy_sum *sums;           /* --sums, NULL if not given */
     uint32_t nsums;
     uint32_t sample;            /* --quick: records sampled */
+    uint64_t quick_max;         /* --quick: files up to this size are hashed whole
+                                 * (K3_VFY_QUICK_HASH_MAX; K3_QUICK_HASH_MAX=BYTES overrides) */
     uint64_t problems;
+    void *jproblems;            /* --json: a cJSON array collecting the problems instead of printing */
     uint64_t files, bytes_hashed, crcs_checked;
     /* A packed model's stored dtypes and what its conversion left out (from
      * the manifest; zero counts if it could not be read): printed after the
@@ -81,5 +90,9 @@ void k3_vfy_hash_jobs(k3_vfy *v, k3_vfy_job *jobs, uint32_t n);
  * counted in v->problems), negative K3_E* when it could not run at all. */
 int k3_vfy_packed(k3_vfy *v, k3_err *e);
 int k3_vfy_upstream(k3_vfy *v, k3_err *e);
+
+/* --info: what the directory holds (kind, config, sizes, provenance, the
+ * k3-pack budget, trunk dtypes), text or JSON, to out. Nothing is checked. */
+int k3_vfy_info(const char *dir, int packed, int json, FILE *out, k3_err *e);
 
 #endif

@@ -12,9 +12,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "k3_crc.h"
 #include "k3_io.h"
+#include "k3_json.h"
 #include "k3_man.h"
+#include "k3_progress.h"
 
 #define HASH_CHUNK (8u << 20)
 
@@ -25,9 +29,24 @@ void k3_vfy_problem(k3_vfy *v, const char *file, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* a library message that starts with the very path reported: once is enough */
+    char where[4400];
+    snprintf(where, sizeof where, "%s%s%s: ", v->dir, file ? "/" : "", file ? file : "");
+    size_t wl = strlen(where);
+    if (!strncmp(msg, where, wl))
+        memmove(msg, msg + wl, strlen(msg + wl) + 1);
     pthread_mutex_lock(&v->mu);
     v->problems++;
-    if (file)
+    if (v->jproblems) {
+        where[wl - 2] = '\0';
+        char *w = k3_json_utf8_dup(where), *mm = k3_json_utf8_dup(msg);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "path", w ? w : "");
+        cJSON_AddStringToObject(o, "problem", mm ? mm : "");
+        cJSON_AddItemToArray((cJSON *)v->jproblems, o);
+        free(w);
+        free(mm);
+    } else if (file)
         fprintf(v->out, "%s/%s: %s\n", v->dir, file, msg);
     else
         fprintf(v->out, "%s: %s\n", v->dir, msg);
@@ -146,6 +165,7 @@ static void hash_one(k3_vfy *v, k3_vfy_job *j, uint8_t *buf)
             break;
         }
         EVP_DigestUpdate(md, buf, (size_t)n);
+        k3_progress_add(v->progress, n);
         /* CRCs of the regions overlapping [off, off+n) */
         uint64_t pos = off;
         while (pos < off + n && r < j->nregions) {
@@ -196,6 +216,10 @@ static int job_cmp(const void *a, const void *b)
 
 void k3_vfy_hash_jobs(k3_vfy *v, k3_vfy_job *jobs, uint32_t n)
 {
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; i++)
+        total += jobs[i].size;
+    k3_progress_set_total(v->progress, total);
     /* biggest first, so the last file to finish is a small one */
     qsort(jobs, n, sizeof *jobs, job_cmp);
     int nt = v->threads > 0 ? v->threads : 1;

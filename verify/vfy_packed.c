@@ -271,6 +271,51 @@ static int region_cmp(const void *a, const void *b)
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
+/* --quick: the CRC of v->sample trunk units of the files too large to hash
+ * (first, last and evenly between, in manifest order). */
+static void sample_units(k3_vfy *v, pstate *s)
+{
+    const k3_man *m = &s->m;
+    uint32_t n = 0;
+    for (uint32_t u = 0; u < m->nunits; u++)
+        n += m->files[m->units[u].file].size > v->quick_max;
+    uint64_t want = v->sample < n ? v->sample : n;
+    for (uint64_t k = 0; k < want; k++) {
+        uint64_t target = want > 1 ? k * (n - 1) / (want - 1) : 0, seen = 0;
+        uint32_t u;
+        for (u = 0; u < m->nunits; u++)
+            if (m->files[m->units[u].file].size > v->quick_max && seen++ == target)
+                break;
+        const k3_pk_unit *un = &m->units[u];
+        const k3_pk_file *f = &m->files[un->file];
+        if (!s->size_ok[un->file])
+            continue;
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", v->dir, f->name);
+        uint8_t *buf = malloc(un->nbytes ? un->nbytes : 1);
+        k3_err e = {0};
+        int fd = buf ? k3_io_open_read(path, 0, NULL, &e) : -1;
+        if (!buf) {
+            k3_vfy_problem(v, f->name, "unit %u not checked: out of memory", u);
+            continue;
+        }
+        if (fd < 0 || k3_io_pread(fd, buf, un->nbytes, un->offset, path, &e)) {
+            k3_vfy_problem(v, f->name, "%s", e.msg);
+            if (fd >= 0)
+                close(fd);
+            free(buf);
+            continue;
+        }
+        close(fd);
+        uint32_t c = k3_crc32(0, buf, (size_t)un->nbytes);
+        free(buf);
+        if (c != un->crc32)
+            k3_vfy_problem(v, f->name, "unit %u (layer %d) at offset %" PRIu64 ": CRC32 mismatch (expected %08x, "
+                           "computed %08x)", u, un->layer, un->offset, un->crc32, c);
+        v->crcs_checked++;
+    }
+}
+
 static void sample_records(k3_vfy *v, pstate *s)
 {
     if (!s->recs)
@@ -285,8 +330,8 @@ static void sample_records(k3_vfy *v, pstate *s)
         uint64_t i = want > 1 ? k * (n - 1) / (want - 1) : 0;  /* first, last and evenly between */
         const k3_pk_record *r = &s->recs[i];
         const k3_pk_file *f = &m->files[r->file];
-        if (!s->size_ok[r->file])
-            continue;
+        if (!s->size_ok[r->file] || f->size <= v->quick_max)
+            continue;   /* a small file was hashed whole, its records with it */
         char path[4400];
         snprintf(path, sizeof path, "%s/%s", v->dir, f->name);
         k3_err e = {0};
@@ -309,7 +354,9 @@ static void sample_records(k3_vfy *v, pstate *s)
     k3_io_free_aligned(buf);
 }
 
-static void full_hash(k3_vfy *v, pstate *s)
+/* Hash every file of at most max_size bytes (all of them in full mode),
+ * checking the CRC of every unit and record inside. */
+static void full_hash(k3_vfy *v, pstate *s, uint64_t max_size)
 {
     const k3_man *m = &s->m;
     k3_vfy_job *jobs = calloc(m->nfiles ? m->nfiles : 1, sizeof *jobs);
@@ -330,7 +377,7 @@ static void full_hash(k3_vfy *v, pstate *s)
     uint32_t *job_of = calloc(m->nfiles ? m->nfiles : 1, sizeof *job_of);
     for (uint32_t i = 0; job_of && i < m->nfiles; i++) {
         if (!s->size_ok[i] || i == (s->m.has_experts ? s->m.expert_index_file : UINT32_MAX) ||
-            i == s->m.embed_crc_file)
+            i == s->m.embed_crc_file || (m->files[i].size > max_size && m->files[i].kind != K3_PK_FILE_TOKENIZER))
             continue; /* experts.idx and embed.crc were hashed already */
         k3_vfy_job *j = &jobs[nj];
         job_of[i] = nj + 1;
@@ -428,10 +475,16 @@ int k3_vfy_packed(k3_vfy *v, k3_err *e)
     check_index(v, &s);
     check_embed_crc(v, &s);
     check_provenance(v, &s);
-    if (v->full)
-        full_hash(v, &s);
-    else
+    if (v->full) {
+        full_hash(v, &s, UINT64_MAX);
+    } else {
+        /* --quick: every small file hashed whole (tokenizer, small trunk and
+         * expert files, with their CRCs), a sample of the units and records of
+         * the large ones */
+        full_hash(v, &s, v->quick_max);
+        sample_units(v, &s);
         sample_records(v, &s);
+    }
     check_embed_rows(v, &s);
     free(s.recs);
     free(s.row_crc);
