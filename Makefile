@@ -4,6 +4,8 @@
 #   make test     the whole suite; ends "N passed, N failed"
 #   make demo     build, then run the main job end to end on the small trained model (models/kjv-tiny)
 #   make asan     the suite under AddressSanitizer + UBSan (build-asan/)
+#   make test-arm64  cross-build for aarch64 (build-arm64/) and run the whole
+#                 suite under qemu-aarch64 (scripts/install-deps --arm64)
 #   make bench    benchmarks (never part of make test)
 #   make install  PREFIX=/usr/local (the tools and their manual pages)
 #
@@ -38,13 +40,31 @@ TOOL_NAME_verify  = k3-verify
 TOOL_NAME_synth   = k3-synth
 TOOL_NAME_runtime = k3-run
 
-# Per-ISA flags by file-name suffix (kernels/*_avx2.c, ...): only those files
-# are built with the wider instruction sets; dispatch picks at run time.
+# The target architecture, from the compiler itself, so that
+# CC=aarch64-linux-gnu-gcc cross-builds (x86_64 or aarch64; any other
+# builds the scalar paths only).
+ARCH := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
+
+# Per-ISA files by file-name suffix (kernels/gemm_avx2.c, common/crc32_arm.c,
+# ...): a build holds only the files of its architecture, and only they are
+# built with the wider instruction sets; dispatch picks at run time.
+ISA_X86 = avx2 avx512 avx512bf16 x86
+ISA_ARM = neon arm
 ISA_avx2       = -mavx2 -mfma -mf16c
 ISA_avx512     = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 ISA_avx512bf16 = $(ISA_avx512) -mavx512bf16
+ISA_arm        = -march=armv8-a+crc
+ifeq ($(ARCH),x86_64)
+ISA_OTHER = $(ISA_ARM)
+else ifeq ($(ARCH),aarch64)
+ISA_OTHER = $(ISA_X86)
+else
+ISA_OTHER = $(ISA_X86) $(ISA_ARM)
+endif
+isa_of   = $(lastword $(subst _, ,$(basename $(notdir $(1)))))
+for_arch = $(foreach f,$(1),$(if $(filter $(call isa_of,$(f)),$(ISA_OTHER)),,$(f)))
 
-LIB_SRC  = $(sort $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+LIB_SRC  = $(call for_arch,$(sort $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))))
 LIB_OBJ  = $(LIB_SRC:%.c=$(O)/%.o)
 LIB      = $(O)/libk3.a
 
@@ -64,14 +84,14 @@ BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BIN)/bench-%)
 
 GEN_HDR =   # generated headers, appended to by module.mk files
 
-.PHONY: all test check-layout demo asan bench install install-man clean deps
+.PHONY: all test check-layout test-arm64 demo asan bench install install-man clean deps
 all: $(LIB) $(TOOLS) $(TEST_BIN)
 
 -include $(sort $(wildcard */module.mk))
 
 $(O)/%.o: %.c $(GEN_HDR) | $(O)/gen
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(ISA_$(lastword $(subst _, ,$(basename $(notdir $<))))) -MMD -MP -c $< -o $@
+	$(CC) $(ALL_CFLAGS) $(ISA_$(call isa_of,$<)) -MMD -MP -c $< -o $@
 
 $(O)/gen:
 	@mkdir -p $@
@@ -108,6 +128,12 @@ asan:
 	$(MAKE) O=build-asan BIN=build-asan/bin OPT=-O1 \
 	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
 
+# the aarch64 cross-build and its suite under qemu (scripts/test-arm64)
+ARM64_CC ?= aarch64-linux-gnu-gcc
+test-arm64: all
+	$(MAKE) CC=$(ARM64_CC) O=build-arm64 BIN=build-arm64/bin all
+	./scripts/test-arm64 $(T)
+
 bench: $(BENCH_BIN)
 	@echo "benchmarks built in $(BIN)/: run them one by one (see bench/README.md)"
 
@@ -129,6 +155,6 @@ deps:
 	./scripts/install-deps
 
 clean:
-	rm -rf build build-asan bin
+	rm -rf build build-asan build-arm64 bin
 
 -include $(LIB_OBJ:.o=.d) $(TOOL_LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(foreach d,$(TOOL_DIRS),$(O)/$(d)/main.d)

@@ -22,7 +22,11 @@
 #include "k3_kern.h"
 
 #include <errno.h>
+#if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +97,7 @@ static double median(double *v, int n)
     return v[n / 2];
 }
 
+#if defined(__x86_64__)
 /* Explicit AVX2 so that the probes are not limited by the compiler's choices
  * (-O2, no fast-math: a float sum would otherwise be one serial chain). */
 __attribute__((target("avx2,fma")))
@@ -129,6 +134,58 @@ static double probe_read(const float *b, uint64_t n)
         fprintf(stderr, "%g\n", total);
     return (double)n * sizeof(float);
 }
+#elif defined(__aarch64__)
+/* The same probes in NEON: 128-bit loads, eight independent sums. */
+static double probe_triad(float *a, const float *b, const float *c, uint64_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (uint64_t i = 0; i < n; i += 8) {
+        vst1q_f32(a + i, vfmaq_n_f32(vld1q_f32(b + i), vld1q_f32(c + i), 3.0f));
+        vst1q_f32(a + i + 4, vfmaq_n_f32(vld1q_f32(b + i + 4), vld1q_f32(c + i + 4), 3.0f));
+    }
+    return 3.0 * (double)n * sizeof(float);
+}
+
+static double probe_read(const float *b, uint64_t n)
+{
+    float total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+        float32x4_t s[8];
+        for (int k = 0; k < 8; k++)
+            s[k] = vdupq_n_f32(0.0f);
+#pragma omp for schedule(static)
+        for (uint64_t i = 0; i < n; i += 32)
+            for (int k = 0; k < 8; k++)
+                s[k] = vaddq_f32(s[k], vld1q_f32(b + i + 4 * (uint64_t)k));
+        for (int k = 1; k < 8; k++)
+            s[0] = vaddq_f32(s[0], s[k]);
+        total += vaddvq_f32(s[0]);
+    }
+    if (total == 12345.0f)          /* keep the loop */
+        fprintf(stderr, "%g\n", total);
+    return (double)n * sizeof(float);
+}
+#else
+static double probe_triad(float *a, const float *b, const float *c, uint64_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (uint64_t i = 0; i < n; i++)
+        a[i] = b[i] + 3.0f * c[i];
+    return 3.0 * (double)n * sizeof(float);
+}
+
+static double probe_read(const float *b, uint64_t n)
+{
+    float total = 0;
+#pragma omp parallel for reduction(+ : total) schedule(static)
+    for (uint64_t i = 0; i < n; i++)
+        total += b[i];
+    if (total == 12345.0f)          /* keep the loop */
+        fprintf(stderr, "%g\n", total);
+    return (double)n * sizeof(float);
+}
+#endif
 
 static struct stream_bw stream_measure(int threads, uint64_t mib)
 {
@@ -228,6 +285,10 @@ int main(int argc, char **argv)
         }
     }
     k3_kern_init();
+    if (k3_kern_emulated())
+        printf("EMULATED: this build runs under user-mode emulation on a %s host: every figure below\n"
+               "is the emulator's speed, not the CPU's (see bench/README.md for what to expect)\n",
+               k3_kern_emulated());
     printf("kernels: %s; %llu timed calls per line (median, min-max); cold pool %llu MiB\n",
            k3_kern_name(), (unsigned long long)runs, (unsigned long long)pool_mib);
     /* passive workers sleep between calls: waking and joining them cost

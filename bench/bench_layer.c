@@ -297,6 +297,9 @@ int main(int argc, char **argv)
         return 1;
     }
     double gbs = triad_gbs();
+    if (k3_kern_emulated())
+        printf("EMULATED: this build runs under user-mode emulation on a %s host: the timings are\n"
+               "the emulator's, not the CPU's\n", k3_kern_emulated());
     printf("k3 bench_layer: %s, kernels %s, %d threads\n", dir, k3_kern_name(), omp_get_max_threads());
     printf("memory triad (same run): %.1f GB/s\n", gbs);
     int rc = 0;

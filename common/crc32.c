@@ -1,11 +1,15 @@
 /*
- * crc32.c - zlib's CRC-32 by carry-less multiplication (see k3_crc.h): path
- * choice, the folding constants, and the PCLMULQDQ path.
+ * crc32.c - zlib's CRC-32, computed faster (see k3_crc.h): path choice and
+ * the folding constants of the carry-less multiplication paths. The paths
+ * themselves are per architecture: crc32_x86.c (PCLMULQDQ) and
+ * crc32_avx512.c (VPCLMULQDQ) on x86-64, crc32_arm.c (the ARMv8 CRC32
+ * instructions) on aarch64; the Makefile builds only those of the target.
  *
  * Invariants: the path is chosen once (pthread once) unless k3_crc_use
- * changes it; a folding path is only chosen when CPUID and the OS (XGETBV)
- * say it can run; the constants are derived from the polynomial before any
- * folding path is chosen; every path returns zlib's value (tests/t_crc.c).
+ * changes it; a path is only chosen when the CPU and the OS say it can run
+ * (x86-64: CPUID and XGETBV; aarch64: AT_HWCAP); the constants are derived
+ * from the polynomial before any folding path is chosen; every path returns
+ * zlib's value (tests/t_crc.c).
  *
  * The mathematics. P = x^32 + x^26 + x^23 + x^22 + x^16 + x^12 + x^11 + x^10
  * + x^8 + x^7 + x^5 + x^4 + x^2 + x + 1 (0x104C11DB7). For a message M of
@@ -49,8 +53,11 @@
 #include "crc32_impl.h"
 #include "k3_err.h"
 
+#if defined(__x86_64__)
 #include <cpuid.h>
-#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,88 +125,18 @@ static void crc_consts_derive(k3_crc_consts *k)
     k->poly = rep(CRC_POLY);
 }
 
-/* ---- PCLMULQDQ path ------------------------------------------------------- */
-
-/* x x^D for the fold pair k of distance D (see the top of the file) */
-K3_CRC_TARGET_PCLMUL static inline __m128i fold(__m128i x, __m128i k)
-{
-    return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
-}
-
-K3_CRC_TARGET_PCLMUL static inline __m128i kload(const uint64_t k[2])
-{
-    return _mm_load_si128((const __m128i *)k);
-}
-
-/* the 128-bit carry-less product of two 64-bit words, as (lo, hi) */
-K3_CRC_TARGET_PCLMUL static inline void clmul64(uint64_t a, uint64_t b, uint64_t *lo, uint64_t *hi)
-{
-    __m128i p = _mm_clmulepi64_si128(_mm_cvtsi64_si128((long long)a), _mm_cvtsi64_si128((long long)b), 0x00);
-    *lo = (uint64_t)_mm_cvtsi128_si64(p);
-    *hi = (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(p, p));
-}
-
-/* R = X x^32 mod P, as a 32-bit reflected value (steps 1-3 at the top) */
-K3_CRC_TARGET_PCLMUL static uint32_t reduce(__m128i x)
-{
-    const k3_crc_consts *k = &k3_crc_k;
-    uint64_t h = (uint64_t)_mm_cvtsi128_si64(x);
-    uint64_t l = (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(x, x));
-    uint64_t ylo, yhi, t2lo, t2hi, wlo, whi;
-    /* 1: Y, degree < 96, occupies register bits 32..127 */
-    clmul64(h, k->x95, &ylo, &yhi);
-    ylo ^= l << 32;
-    yhi ^= l >> 32;
-    /* 2: Yh sits in bits 32..63 of the low word, which is rep(Yh) */
-    clmul64(ylo & 0xFFFFFFFF00000000ull, k->x63, &t2lo, &t2hi);
-    uint64_t z = t2hi ^ yhi; /* rep(Z), degree < 64 */
-    /* 3: rep(Zh) = low 32 bits of z moved up; the product is Zh mu x, whose
-     * coefficients x^64..x^33 (bits 63..94) are q */
-    clmul64((z & 0xFFFFFFFFull) << 32, k->mu, &wlo, &whi);
-    uint32_t q = (uint32_t)((wlo >> 63) | (whi << 1));
-    /* q P x: coefficients x^32..x^1 (bits 95..126) are q P mod x^32 */
-    clmul64((uint64_t)q << 32, k->poly, &wlo, &whi);
-    return (uint32_t)(z >> 32) ^ (uint32_t)(whi >> 31);
-}
-
-K3_CRC_TARGET_PCLMUL uint32_t k3_crc_fold_finish(__m128i x, const uint8_t *p, size_t n)
-{
-    const __m128i k128 = kload(k3_crc_k.f128);
-    for (; n >= 16; p += 16, n -= 16)
-        x = _mm_xor_si128(fold(x, k128), _mm_loadu_si128((const __m128i *)p));
-    uint32_t r = reduce(x);
-    return n ? (uint32_t)crc32_z(~r, p, n) : ~r;
-}
-
-K3_CRC_TARGET_PCLMUL static uint32_t crc32_pclmul(uint32_t crc, const uint8_t *p, size_t n)
-{
-    const __m128i k512 = kload(k3_crc_k.f512);
-    __m128i x0 = _mm_loadu_si128((const __m128i *)p);
-    __m128i x1 = _mm_loadu_si128((const __m128i *)(p + 16));
-    __m128i x2 = _mm_loadu_si128((const __m128i *)(p + 32));
-    __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 48));
-    x0 = _mm_xor_si128(x0, _mm_cvtsi32_si128((int)~crc));
-    for (p += 64, n -= 64; n >= 64; p += 64, n -= 64) {
-        x0 = _mm_xor_si128(fold(x0, k512), _mm_loadu_si128((const __m128i *)p));
-        x1 = _mm_xor_si128(fold(x1, k512), _mm_loadu_si128((const __m128i *)(p + 16)));
-        x2 = _mm_xor_si128(fold(x2, k512), _mm_loadu_si128((const __m128i *)(p + 32)));
-        x3 = _mm_xor_si128(fold(x3, k512), _mm_loadu_si128((const __m128i *)(p + 48)));
-    }
-    __m128i x = _mm_xor_si128(_mm_xor_si128(fold(x0, kload(k3_crc_k.f384)), fold(x1, kload(k3_crc_k.f256))),
-                              _mm_xor_si128(fold(x2, kload(k3_crc_k.f128)), x3));
-    return k3_crc_fold_finish(x, p, n);
-}
-
 /* ---- path choice ---------------------------------------------------------- */
 
-enum { PATH_ZLIB, PATH_PCLMUL, PATH_VPCLMUL };
-static const char *const path_names[] = {"zlib", "pclmul", "vpclmul"};
+enum { PATH_ZLIB, PATH_PCLMUL, PATH_VPCLMUL, PATH_ARMV8 };
+static const char *const path_names[] = {"zlib", "pclmul", "vpclmul", "armv8"};
 
 struct crc_caps {
     int pclmul;     /* PCLMULQDQ (and SSE2, always there on x86-64) */
     int vpclmul;    /* + VPCLMULQDQ, AVX-512 F/VL, OS saves zmm/opmask */
+    int armv8;      /* aarch64 CRC32 instructions (AT_HWCAP) */
 };
 
+#if defined(__x86_64__)
 static unsigned long long xgetbv0(void)
 {
     unsigned int lo, hi;
@@ -223,6 +160,17 @@ static struct crc_caps crc_caps_probe(void)
     c.vpclmul = zmm_ok && f && vl && vpclmul;
     return c;
 }
+#else
+static struct crc_caps crc_caps_probe(void)
+{
+    struct crc_caps c = {0};
+#if defined(__aarch64__) && defined(HWCAP_CRC32) && defined(__ORDER_LITTLE_ENDIAN__) && \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    c.armv8 = (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
+#endif
+    return c;
+}
+#endif
 
 static int g_path = PATH_ZLIB;
 static char g_name[96];
@@ -239,6 +187,8 @@ static int path_find(const char *name)
         return c.pclmul ? PATH_PCLMUL : -1;
     if (!strcmp(name, "vpclmul"))
         return c.vpclmul ? PATH_VPCLMUL : -1;
+    if (!strcmp(name, "armv8"))
+        return c.armv8 ? PATH_ARMV8 : -1;
     return -1;
 }
 
@@ -246,7 +196,7 @@ static void init_once(void)
 {
     crc_consts_derive(&k3_crc_k);
     struct crc_caps c = crc_caps_probe();
-    int p = c.vpclmul ? PATH_VPCLMUL : c.pclmul ? PATH_PCLMUL : PATH_ZLIB;
+    int p = c.vpclmul ? PATH_VPCLMUL : c.pclmul ? PATH_PCLMUL : c.armv8 ? PATH_ARMV8 : PATH_ZLIB;
     snprintf(g_name, sizeof g_name, "%s", path_names[p]);
     const char *want = getenv("K3_CRC");
     if (want && *want) {
@@ -292,9 +242,14 @@ uint32_t k3_crc32(uint32_t crc, const void *buf, size_t len)
 {
     k3_crc_init();
     const uint8_t *p = buf;
+#if defined(__x86_64__)
     if (g_path == PATH_VPCLMUL && len >= K3_CRC_MIN_VPCLMUL)
         return k3_crc32_vpclmul(crc, p, len);
     if (g_path != PATH_ZLIB && len >= K3_CRC_MIN_PCLMUL)
-        return crc32_pclmul(crc, p, len);
+        return k3_crc32_pclmul(crc, p, len);
+#elif defined(__aarch64__)
+    if (g_path == PATH_ARMV8 && len >= K3_CRC_MIN_ARMV8)
+        return k3_crc32_armv8(crc, p, len);
+#endif
     return (uint32_t)crc32_z(crc, p, len);
 }

@@ -254,6 +254,50 @@ int k3_io_next_data(int fd, uint64_t off, uint64_t end, uint64_t *data_off, uint
     return 0;
 }
 
+int k3_io_direct_align_fits(uint32_t mem_align, uint32_t offset_align)
+{
+    return mem_align && offset_align && (mem_align & (mem_align - 1)) == 0 &&
+           (offset_align & (offset_align - 1)) == 0 && K3_IO_DIRECT_ALIGN % mem_align == 0 &&
+           K3_IO_DIRECT_ALIGN % offset_align == 0;
+}
+
+/* One O_DIRECT read of K3_IO_DIRECT_ALIGN bytes at an offset and an address
+ * that are K3_IO_DIRECT_ALIGN- but not 2 * K3_IO_DIRECT_ALIGN-aligned: EINVAL
+ * means the file wants more. Not through the fault hook (not a data read). */
+static int direct_probe_read(int fd)
+{
+    const uint64_t A = K3_IO_DIRECT_ALIGN;
+    uint8_t *buf = k3_io_alloc_aligned(3 * A, 2 * A);
+    if (!buf)
+        return 0;
+    struct stat st;
+    off_t off = fstat(fd, &st) == 0 && (uint64_t)st.st_size >= 2 * A ? (off_t)A : 0;
+    ssize_t r;
+    do
+        r = pread(fd, buf + A, (size_t)A, off);
+    while (r < 0 && errno == EINTR);
+    int fits = r >= 0 || errno != EINVAL;
+    k3_io_free_aligned(buf);
+    return fits;
+}
+
+int k3_io_direct_fits(int fd, int probe)
+{
+    struct statx sx;
+    memset(&sx, 0, sizeof sx);
+    if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
+        (sx.stx_dio_mem_align || sx.stx_dio_offset_align))
+        return k3_io_direct_align_fits(sx.stx_dio_mem_align, sx.stx_dio_offset_align);
+    /* 0 and 0 means no direct I/O on this file, but it also comes from
+     * emulators that pass the mask and not the fields (qemu-user 7.2): the
+     * probe read (or, without probe, the page-size rule) decides then */
+    /* The kernel does not say (before Linux 6.1). Its direct I/O alignment is
+     * then at most the block size, never above the page size. */
+    if (k3_io_page_size() <= K3_IO_DIRECT_ALIGN)
+        return 1;
+    return probe ? direct_probe_read(fd) : 0;
+}
+
 int k3_io_open_read(const char *path, int direct, int *is_direct, k3_err *e)
 {
     int fd = -1;
@@ -261,6 +305,10 @@ int k3_io_open_read(const char *path, int direct, int *is_direct, k3_err *e)
         *is_direct = 0;
     if (direct) {
         fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+        if (fd >= 0 && !k3_io_direct_fits(fd, 1)) {
+            close(fd);          /* wants a coarser alignment than k3's: buffered */
+            fd = -1;
+        }
         if (fd >= 0 && is_direct)
             *is_direct = 1;
     }
@@ -378,13 +426,45 @@ void k3_io_free_aligned(void *p)
     free(p);
 }
 
+uint64_t k3_io_page_size(void)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    return pg > 0 ? (uint64_t)pg : 4096;
+}
+
+uint64_t k3_io_huge_page_size(void)
+{
+    static uint64_t cached;
+    uint64_t h = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (h)
+        return h;
+    h = K3_IO_HUGE_ALIGN;
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r");
+    if (f) {
+        unsigned long long v = 0;
+        /* a power of two of at least a page, else the 2 MiB default */
+        if (fscanf(f, "%llu", &v) == 1 && v >= k3_io_page_size() && (v & (v - 1)) == 0 && v <= (1ull << 30))
+            h = v;
+        fclose(f);
+    }
+    __atomic_store_n(&cached, h, __ATOMIC_RELAXED);
+    return h;
+}
+
+/* The length is rounded to K3_IO_HUGE_ALIGN (2 MiB) only, whatever the huge
+ * page size: on 16 and 64 KiB-page kernels huge pages are 32 and 512 MiB,
+ * and rounding a 16 MiB arena to those would map and touch far more than
+ * asked. The start is aligned to the huge page size, so every whole huge
+ * page inside the arena can be one. */
 void *k3_io_huge_alloc(uint64_t n)
 {
-    const uint64_t H = K3_IO_HUGE_ALIGN;
-    if (n == 0 || n > SIZE_MAX - H)
+    const uint64_t G = K3_IO_HUGE_ALIGN, H = k3_io_huge_page_size() > G ? k3_io_huge_page_size() : G;
+    const uint64_t pg = k3_io_page_size();
+    if (n == 0 || n > SIZE_MAX - H - G)
         return NULL;
-    uint64_t len = (n + H - 1) / H * H;
-    /* over-map by one huge page, then trim to a 2 MiB-aligned start */
+    uint64_t len = (n + G - 1) / G * G;
+    len = (len + pg - 1) / pg * pg;
+    /* over-map by one huge page, then trim to an aligned start */
     char *raw = mmap(NULL, (size_t)(len + H), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED)
         return NULL;
@@ -399,17 +479,18 @@ void *k3_io_huge_alloc(uint64_t n)
 #ifdef MADV_HUGEPAGE
     madvise(p, (size_t)len, MADV_HUGEPAGE);
 #endif
-    for (uint64_t i = 0; i < len; i += 4096)
+    for (uint64_t i = 0; i < len; i += pg)
         p[i] = 0;
     return p;
 }
 
 void k3_io_huge_free(void *p, uint64_t n)
 {
-    const uint64_t H = K3_IO_HUGE_ALIGN;
+    const uint64_t G = K3_IO_HUGE_ALIGN, pg = k3_io_page_size();
     if (!p)
         return;
-    munmap(p, (size_t)((n + H - 1) / H * H));
+    uint64_t len = (n + G - 1) / G * G;
+    munmap(p, (size_t)((len + pg - 1) / pg * pg));
 }
 
 /* ---- atomic publish ------------------------------------------------------- */

@@ -172,6 +172,10 @@ int k3_conv_w_open(k3_conv_w *w, const char *dir, k3_conv_ofile *of, int dense, 
     if (ftruncate(w->fd, (off_t)of->size) != 0)
         return k3_err_sys(e, K3_EIO, errno, "%s: cannot extend to %" PRIu64 " bytes", w->tmp, of->size);
     w->dfd = open(w->tmp, O_WRONLY | O_CLOEXEC | O_DIRECT); /* -1 where unsupported: buffered only */
+    if (w->dfd >= 0 && !k3_io_direct_fits(w->dfd, 0)) {   /* wants more than 4096-byte alignment */
+        close(w->dfd);
+        w->dfd = -1;
+    }
     return 0;
 }
 

@@ -492,6 +492,10 @@ int k3_stw_stream(k3_stw *w, k3_stw_fill_fn fill, void *ctx, const k3_stw_stream
     p.chunk = chunk;
     if (o && o->direct)
         p.fd_direct = open(w->tmp_path, O_WRONLY | O_CLOEXEC | O_DIRECT);
+    if (p.fd_direct >= 0 && !k3_io_direct_fits(p.fd_direct, 0)) {   /* coarser alignment: buffered */
+        close(p.fd_direct);
+        p.fd_direct = -1;
+    }
     int rc = 0;
     for (int k = 0; k < STW_NBUF && rc == 0; k++) {
         p.buf[k].mem = k3_io_huge_alloc(chunk);

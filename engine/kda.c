@@ -29,6 +29,7 @@
  */
 #include <string.h>
 
+#include "k3_kern.h"
 #include "model_int.h"
 
 /* y = SiLU(causal depthwise conv) for T tokens of P channels; hist holds the
@@ -46,7 +47,7 @@ static void short_conv(const float *in, const float *w, float *hist, uint32_t T,
                 float x = tau >= 0 ? in[(uint64_t)tau * P + c] : hist[(uint64_t)(HW + tau) * P + c];
                 acc += (double)w[(uint64_t)c * CW + i] * (double)x;
             }
-            y[(uint64_t)t * P + c] = (float)(acc / (1.0 + exp(-acc)));
+            y[(uint64_t)t * P + c] = (float)(acc / (1.0 + k3_exp(-acc)));
         }
         /* new history: the last HW inputs of (hist, in); reads stay ahead of writes */
         for (uint32_t k = 0; k < HW; k++) {
@@ -85,7 +86,7 @@ int k3_kda_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
     for (uint32_t h = 0; h < H; h++) {
         double q[D], k[D], decay[D], dl[D], u[D], o[D];
         float *S = state + (uint64_t)h * D * D;
-        const double ah = exp((double)alog[h]);
+        const double ah = k3_exp((double)alog[h]);
         for (uint32_t t = 0; t < T; t++) {
             const uint64_t off = (uint64_t)t * P + (uint64_t)h * D;
             const float *qf = m->kcq + off, *kf = m->kck + off, *vf = m->kcv + off;
@@ -99,10 +100,10 @@ int k3_kda_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
                 q[i] = (double)qf[i] * rq;
                 k[i] = (double)kf[i] * rk;
             }
-            const double beta = 1.0 / (1.0 + exp(-(double)m->kb[(uint64_t)t * H + h]));
+            const double beta = 1.0 / (1.0 + k3_exp(-(double)m->kb[(uint64_t)t * H + h]));
             for (uint32_t i = 0; i < D; i++) {
                 const double z = ah * ((double)m->kz[off + i] + (double)dtb[(uint64_t)h * D + i]);
-                decay[i] = exp(lb / (1.0 + exp(-z)));
+                decay[i] = k3_exp(lb / (1.0 + k3_exp(-z)));
             }
             for (uint32_t j = 0; j < D; j++)
                 u[j] = 0.0;
@@ -133,7 +134,7 @@ int k3_kda_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
             const double r = 1.0 / sqrt(ss / (double)D + eps);
             float *out = m->ko + off;
             for (uint32_t j = 0; j < D; j++)
-                out[j] = (float)((double)onorm[j] * (o[j] * r) / (1.0 + exp(-(double)m->kg[off + j])));
+                out[j] = (float)((double)onorm[j] * (o[j] * r) / (1.0 + k3_exp(-(double)m->kg[off + j])));
         }
     });
     k3_model_mm(&v[K3_W_KDA_O], m->ko, T, m->attn);

@@ -117,7 +117,7 @@ int k3_mla_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
         }
         double sum = 0.0;
         for (uint32_t p = 0; p < n; p++) {
-            sc[p] = expf(sc[p] - mx);
+            sc[p] = k3_expf(sc[p] - mx);
             sum += sc[p];
         }
         const float inv = (float)(1.0 / sum);

@@ -509,7 +509,7 @@ static void attn_res(const k3_model *m, uint32_t ns, uint32_t first, const float
         }
         double sum = 0.0;
         for (uint32_t i = 0; i < n; i++) {
-            sc[i] = expf(sc[i] - mx);
+            sc[i] = k3_expf(sc[i] - mx);
             sum += sc[i];
         }
         for (uint32_t i = 0; i < n; i++)

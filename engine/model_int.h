@@ -13,6 +13,7 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "k3_kern.h"
 #include "k3_model.h"
 #include "k3_ws.h"
 
@@ -97,13 +98,15 @@ extern uint64_t k3_model_par_min;
     } while (0)
 
 /* ---- helpers (model.c) ---- */
-static inline float k3_sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* k3_expf/k3_tanhf (kernels/ref.c), not libm's: the same bits on every
+ * architecture and C library */
+static inline float k3_sigmoidf(float x) { return 1.0f / (1.0f + k3_expf(-x)); }
 static inline float k3_siluf(float x) { return x * k3_sigmoidf(x); }
 /* SiTU-GLU: [b1 tanh(g/b1) sigmoid(g)] [b2 tanh(u/b2)] */
 static inline float k3_situf(float g, float u, float b1, float b2)
 {
-    float gate = (b1 * tanhf(g / b1)) * k3_sigmoidf(g);
-    return gate * (b2 * tanhf(u / b2));
+    float gate = (b1 * k3_tanhf(g / b1)) * k3_sigmoidf(g);
+    return gate * (b2 * k3_tanhf(u / b2));
 }
 
 /* Y[T][rows] = X[T][cols] . W^T for a BF16 or F32 matrix view. */

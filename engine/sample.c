@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "k3_gen.h"
+#include "k3_kern.h"
 
 struct k3_sampler {
     uint32_t V;
@@ -157,7 +158,7 @@ uint32_t k3_sampler_next(k3_sampler *s, const float *logits)
     double sum = 0.0;
     for (uint32_t i = 0; i < n; i++) {
         float zi = s->z[s->idx[i]];
-        s->p[i] = zi == zi ? exp((double)(zi - zmax)) : 0.0;
+        s->p[i] = zi == zi ? k3_exp((double)(zi - zmax)) : 0.0;
         sum += s->p[i];
     }
     double cum = 0.0;

@@ -21,6 +21,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "k3_io.h"
 #include "k3_mem.h"
 #include "k3_stream.h"
 
@@ -94,7 +95,9 @@ uint64_t k3_stream_arena_bytes(uint64_t n)
         return 0;
     if (n >= 4 * MIB)
         return (n + 2 * MIB - 1) / (2 * MIB) * (2 * MIB);
-    return (n + 4095) / 4096 * 4096;
+    /* whole pages of the running kernel (4, 16 or 64 KiB), at least 4096 */
+    uint64_t pg = k3_io_page_size() > 4096 ? k3_io_page_size() : 4096;
+    return (n + pg - 1) / pg * pg;
 }
 
 void k3_stream_model_mem(const k3_cfg *c, uint32_t max_chunk, uint32_t max_ctx, uint32_t nthreads,

@@ -21,7 +21,17 @@
 
 #include "k3_err.h"
 
+/* The alignment of every O_DIRECT transfer (address, file offset, length).
+ * It is the I/O block, not the page size: Linux asks direct I/O to be
+ * aligned to the file's direct-I/O alignment (the logical block size, at most
+ * the filesystem block), 512 or 4096 bytes on nearly every system, whatever
+ * the page size (4, 16 or 64 KiB). A file that wants more (a filesystem with
+ * 64 KiB blocks on a 64 KiB-page kernel) is read and written buffered, see
+ * k3_io_direct_fits. */
 #define K3_IO_DIRECT_ALIGN 4096u
+/* Huge-page arenas are rounded to this and aligned to the huge page size
+ * (k3_io_huge_page_size: 2 MiB with 4 KiB pages, 32 MiB with 16 KiB, 512 MiB
+ * with 64 KiB pages). */
 #define K3_IO_HUGE_ALIGN   (2u << 20)
 
 /* Read exactly n bytes at off into buf. A read past EOF is K3_EIO with
@@ -38,8 +48,9 @@ int k3_io_pwrite(int fd, const void *buf, uint64_t n, uint64_t off, const char *
 int k3_io_pread_direct(int fd, void *dst, uint64_t n, uint64_t off,
                        void *bounce, uint64_t bounce_cap, const char *path, k3_err *e);
 
-/* Open for reading, O_DIRECT if direct and the filesystem allows it. *is_direct
- * (may be NULL) tells which. Returns fd >= 0, or a negative K3_E* code. */
+/* Open for reading, O_DIRECT if direct and the filesystem allows it with
+ * K3_IO_DIRECT_ALIGN alignment (k3_io_direct_fits, probing). *is_direct (may
+ * be NULL) tells which. Returns fd >= 0, or a negative K3_E* code. */
 int k3_io_open_read(const char *path, int direct, int *is_direct, k3_err *e);
 
 /* The first run of data in [off, end) of an open file: *data_off is where it
@@ -52,6 +63,22 @@ int k3_io_open_read(const char *path, int direct, int *is_direct, k3_err *e);
  * nobody is writing (a concurrent writer can fill a hole after the answer). */
 int k3_io_next_data(int fd, uint64_t off, uint64_t end, uint64_t *data_off, uint64_t *data_end, const char *path,
                     k3_err *e);
+
+/* Whether O_DIRECT transfers aligned to K3_IO_DIRECT_ALIGN work on fd (1) or
+ * not (0): the kernel's statx direct-I/O alignment where it reports one
+ * (Linux 6.1+); else yes on kernels with pages of at most K3_IO_DIRECT_ALIGN
+ * (the alignment never exceeds the page size there); else, with probe, one
+ * real O_DIRECT read of fd tells (no without probe, e.g. for a file being
+ * written). Callers that get 0 use buffered I/O. */
+int k3_io_direct_fits(int fd, int probe);
+/* The rule itself: direct-I/O memory and offset alignments (0 = no direct
+ * I/O) that K3_IO_DIRECT_ALIGN satisfies. */
+int k3_io_direct_align_fits(uint32_t mem_align, uint32_t offset_align);
+
+/* The page size of the running kernel, and its (transparent) huge page size
+ * (2 MiB when the kernel does not say). */
+uint64_t k3_io_page_size(void);
+uint64_t k3_io_huge_page_size(void);
 
 /* Size of an open file. */
 int k3_io_file_size(int fd, uint64_t *size, const char *path, k3_err *e);
@@ -69,9 +96,10 @@ int k3_io_read_fd(int fd, uint64_t max_bytes, char **buf, uint64_t *len, const c
 void *k3_io_alloc_aligned(uint64_t n, uint64_t align);
 void k3_io_free_aligned(void *p);
 
-/* A huge-page-backed arena: mmap'd, 2 MiB aligned, MADV_HUGEPAGE, every page
- * written once so later O_DIRECT reads and compute find it mapped. Returns NULL
- * on failure. Free with k3_io_huge_free(p, n). */
+/* A huge-page-backed arena: mmap'd, n rounded up to K3_IO_HUGE_ALIGN, the
+ * start aligned to the huge page size, MADV_HUGEPAGE, every page written once
+ * so later O_DIRECT reads and compute find it mapped. Returns NULL on failure.
+ * Free with k3_io_huge_free(p, n). */
 void *k3_io_huge_alloc(uint64_t n);
 void k3_io_huge_free(void *p, uint64_t n);
 

@@ -39,8 +39,9 @@
 
 /* ---- dispatch -------------------------------------------------------------- */
 
-/* Pick the fastest path the CPU has (avx512, avx2 or scalar: all give the
- * ref.c bits), once; K3_ISA=scalar|avx2|avx512 forces one (an unavailable or
+/* Pick the fastest path the CPU has (x86-64: avx512, avx2 or scalar; aarch64:
+ * neon or scalar; all give the ref.c bits), once; K3_ISA=scalar|avx2|avx512|
+ * neon forces one (an unavailable or
  * unknown forced path falls back to the best available and k3_kern_name says
  * so; avx512bf16 is not built, see kernels/dispatch.c). Idempotent,
  * thread-safe after the first call. */
@@ -48,6 +49,14 @@ void k3_kern_init(void);
 /* Name of the path in use, e.g. "avx512", or "avx2 (K3_ISA=avx512 unavailable)";
  * calls k3_kern_init if needed. The string is static. */
 const char *k3_kern_name(void);
+
+/* The host's architecture (e.g. "x86_64") when this program runs under
+ * user-mode emulation, such as an aarch64 build under qemu-aarch64: the
+ * kernel's own architecture (/proc/sys/kernel/arch, which the emulator passes
+ * through) differs from the one the program was built for. NULL when it runs
+ * natively or the kernel does not say. Timings taken emulated say nothing
+ * about the real CPU. The string is static. */
+const char *k3_kern_emulated(void);
 
 /* Whether this CPU (and this build) can run the named path: 1 or 0. */
 int k3_kern_supported(const char *isa);
@@ -66,6 +75,14 @@ float k3_f8e4m3_to_f32(uint8_t b);         /* E4M3 "fn": bias 7, no inf, S.1111.
 float k3_f8e5m2_to_f32(uint8_t b);         /* E5M2: the top byte of an f16 */
 float k3_e2m1_value(uint8_t nibble);        /* the 16 E2M1 values (high bits ignored) */
 float k3_e8m0_scale(uint8_t s);             /* 2^(s-127) (s = 0: subnormal 2^-127); 0 for 255 */
+
+/* e^x, the same bits on every architecture and C library (libm's exp is not:
+ * see ref.c); about 1 ulp. The runtime's softmaxes, sigmoids and decays use
+ * these, never libm's exp/expf/tanhf. NaN in, NaN out; overflow gives inf. */
+double k3_exp(double x);
+float k3_expf(float x);
+/* tanh x in the same way (from e^2|x| - 1, exact near 0); -0 stays -0. */
+float k3_tanhf(float x);
 
 void k3_bf16_to_f32_n(const uint16_t *src, float *dst, uint64_t n);
 void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n);

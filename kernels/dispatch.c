@@ -1,10 +1,12 @@
 /*
- * dispatch.c - chooses the instruction-set path once (CPUID, or K3_ISA), and
- * runs the products over threads.
+ * dispatch.c - chooses the instruction-set path once (CPUID or the kernel's
+ * hardware capabilities, or K3_ISA), and runs the products over threads.
  *
  * Invariants: the path pointer is set exactly once by k3_kern_init (pthread
  * once) unless k3_kern_use changes it explicitly; a path is only ever chosen
- * when CPUID and the OS (XGETBV) say its registers are usable. Every path is
+ * when the CPU and the OS say its registers are usable (x86-64: CPUID and
+ * XGETBV; aarch64: AT_HWCAP says Advanced SIMD). Each build holds the paths of
+ * its own architecture only (the Makefile picks the files). Every path is
  * bit-identical to ref.c. An "avx512bf16" path (vdpbf16ps on activations
  * rounded to bf16) was built and measured: it was slower than the exact
  * avx512 path at every T on this machine and changed the numbers, so it was
@@ -18,7 +20,11 @@
 #include "k3_kern.h"
 #include "kern_impl.h"
 
+#if defined(__x86_64__)
 #include <cpuid.h>
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -30,8 +36,10 @@
 struct cpu_caps {
     int avx2;       /* AVX2 + FMA + F16C + OS saves ymm */
     int avx512;     /* F + BW + VL + DQ + OS saves zmm/opmask */
+    int neon;       /* aarch64 Advanced SIMD (with its fused multiply-add) */
 };
 
+#if defined(__x86_64__)
 static unsigned long long xgetbv0(void)
 {
     unsigned int lo, hi;
@@ -60,6 +68,55 @@ static struct cpu_caps cpu_caps_probe(void)
     c.avx512 = c.avx2 && zmm_ok && f && dq && bw && vl;
     return c;
 }
+#elif defined(__aarch64__)
+static struct cpu_caps cpu_caps_probe(void)
+{
+    struct cpu_caps c = {0};
+#ifdef HWCAP_ASIMD
+    c.neon = (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+#endif
+    return c;
+}
+#else
+static struct cpu_caps cpu_caps_probe(void)
+{
+    struct cpu_caps c = {0};
+    return c;
+}
+#endif
+
+/* ---- emulation ------------------------------------------------------------ */
+
+#if defined(__x86_64__)
+#define BUILD_ARCH "x86_64"
+#elif defined(__aarch64__)
+#define BUILD_ARCH "aarch64"
+#else
+#define BUILD_ARCH NULL
+#endif
+
+static char g_host[64];
+static pthread_once_t g_emu_once = PTHREAD_ONCE_INIT;
+
+static void emu_once(void)
+{
+    FILE *f = fopen("/proc/sys/kernel/arch", "r");
+    if (!f)
+        return;
+    char buf[64] = "";
+    if (fgets(buf, sizeof buf, f)) {
+        buf[strcspn(buf, "\n")] = '\0';
+        if (BUILD_ARCH && buf[0] && strcmp(buf, BUILD_ARCH) != 0)
+            snprintf(g_host, sizeof g_host, "%s", buf);
+    }
+    fclose(f);
+}
+
+const char *k3_kern_emulated(void)
+{
+    pthread_once(&g_emu_once, emu_once);
+    return g_host[0] ? g_host : NULL;
+}
 
 /* ---- path choice ---------------------------------------------------------- */
 
@@ -74,20 +131,32 @@ const k3_kern_path *k3_kern_path_find(const char *isa)
         return NULL;
     if (!strcmp(isa, "scalar"))
         return &k3_kern_path_scalar;
+#if defined(__x86_64__)
     if (!strcmp(isa, "avx2"))
         return c.avx2 ? &k3_kern_path_avx2 : NULL;
     if (!strcmp(isa, "avx512"))
         return c.avx512 ? &k3_kern_path_avx512 : NULL;
+#elif defined(__aarch64__)
+    if (!strcmp(isa, "neon"))
+        return c.neon ? &k3_kern_path_neon : NULL;
+#endif
+    (void)c;
     return NULL;
 }
 
 static const k3_kern_path *best_path(void)
 {
     struct cpu_caps c = cpu_caps_probe();
+#if defined(__x86_64__)
     if (c.avx512)
         return &k3_kern_path_avx512;
     if (c.avx2)
         return &k3_kern_path_avx2;
+#elif defined(__aarch64__)
+    if (c.neon)
+        return &k3_kern_path_neon;
+#endif
+    (void)c;
     return &k3_kern_path_scalar;
 }
 
@@ -101,8 +170,10 @@ static void init_once(void)
         if (forced) {
             p = forced;
             snprintf(g_name, sizeof g_name, "%s (K3_ISA)", p->name);
+#if defined(__x86_64__)
         } else if (!strcmp(want, "avx512bf16") && p == &k3_kern_path_avx512) {
             snprintf(g_name, sizeof g_name, "%s (K3_ISA=avx512bf16 not built)", p->name);
+#endif
         } else {
             snprintf(g_name, sizeof g_name, "%s (K3_ISA=%.40s unavailable)", p->name, want);
         }

@@ -37,8 +37,9 @@ typedef struct k3_kern_path {
 } k3_kern_path;
 
 extern const k3_kern_path k3_kern_path_scalar;
-extern const k3_kern_path k3_kern_path_avx2;
-extern const k3_kern_path k3_kern_path_avx512;
+extern const k3_kern_path k3_kern_path_avx2;    /* x86-64 builds only */
+extern const k3_kern_path k3_kern_path_avx512;  /* x86-64 builds only */
+extern const k3_kern_path k3_kern_path_neon;    /* aarch64 builds only */
 
 /* The path in use (k3_kern_init has run). */
 const k3_kern_path *k3_kern_path_current(void);

@@ -132,6 +132,99 @@ void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n)
         dst[i] = k3_f32_to_bf16(src[i]);
 }
 
+/* ---- exponential ---------------------------------------------------------- */
+
+/*
+ * e^x from IEEE basic operations only (no libm, no fused operations), so
+ * that every architecture and C library computes the same bits: libm's exp
+ * is within about 0.5 ulp but not correctly rounded, and x86-64 (FMA and
+ * non-FMA variants) and aarch64 builds of it disagree in the last bit now
+ * and then, which is enough to change logits. Method: k = nearest integer
+ * to x / ln 2, r = x - k ln 2 in two steps (Cody-Waite: LN2_HI has 32 significant bits,
+ * so k * LN2_HI is exact), e^r by its Taylor series in Horner form (|r| <= 0.347:
+ * the first omitted term of k3_exp is below 2^-60 relative, of k3_expf
+ * below 2^-27), then times 2^k with ldexp (exact, or one correct rounding
+ * into the subnormals). Error about 1 ulp of double; k3_expf rounds the
+ * double result to float once.
+ */
+#define LN2_HI 0x1.62e42fee00000p-1 /* ln 2 to 32 bits: k * LN2_HI is exact */
+#define LN2_LO 0x1.a39ef35793c76p-33 /* ln 2 - LN2_HI */
+#define INV_LN2 0x1.71547652b82fep0
+
+static double exp_reduce(double x, int *k)
+{
+    double kd = floor(x * INV_LN2 + 0.5);
+    *k = (int)kd;
+    return (x - kd * LN2_HI) - kd * LN2_LO;
+}
+
+double k3_exp(double x)
+{
+    if (x != x)
+        return x + x;
+    if (x > 709.8)
+        return INFINITY;
+    if (x < -745.2)
+        return 0.0;
+    int k;
+    double r = exp_reduce(x, &k);
+    static const double c[] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                               1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,      1.0 / 720.0,
+                               1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,         0.5,
+                               1.0,                1.0};
+    double p = c[0];
+    for (int i = 1; i < (int)(sizeof c / sizeof *c); i++)
+        p = p * r + c[i];
+    return ldexp(p, k);
+}
+
+float k3_expf(float x)
+{
+    if (x != x)
+        return x + x;
+    if (x > 89.0f)
+        return INFINITY;
+    if (x < -104.0f)
+        return 0.0f;
+    int k;
+    double r = exp_reduce((double)x, &k);
+    static const double c[] = {1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0,
+                               1.0 / 6.0,     0.5,          1.0,         1.0};
+    double p = c[0];
+    for (int i = 1; i < (int)(sizeof c / sizeof *c); i++)
+        p = p * r + c[i];
+    return (float)ldexp(p, k);
+}
+
+/* e^x - 1, accurate near 0 too: the series without its constant term for
+ * |x| < 0.34 (no cancellation), else k3_exp(x) - 1 (at least 0.28 there). */
+static double expm1_d(double x)
+{
+    if (fabs(x) < 0.34) {
+        static const double c[] = {1.0 / 87178291200.0, 1.0 / 6227020800.0, 1.0 / 479001600.0,
+                                   1.0 / 39916800.0,    1.0 / 3628800.0,    1.0 / 362880.0,
+                                   1.0 / 40320.0,       1.0 / 5040.0,       1.0 / 720.0,
+                                   1.0 / 120.0,         1.0 / 24.0,         1.0 / 6.0,
+                                   0.5,                 1.0};
+        double p = c[0];
+        for (int i = 1; i < (int)(sizeof c / sizeof *c); i++)
+            p = p * x + c[i];
+        return p * x;
+    }
+    return k3_exp(x) - 1.0;
+}
+
+/* tanh x = (e^2a - 1) / (e^2a + 1) with a = |x|, the sign put back; 1 past
+ * |x| = 20 (tanh 20 rounds to 1 even in double). */
+float k3_tanhf(float x)
+{
+    double a = fabs((double)x);
+    if (a > 20.0)
+        return x > 0 ? 1.0f : -1.0f;
+    double em = expm1_d(2.0 * a);
+    return (float)copysign(em / (em + 2.0), (double)x);
+}
+
 /* ---- MXFP4 quantization --------------------------------------------------- */
 
 /* Nearest E2M1 magnitude code (0..7) of a >= 0, ties to the even code (the

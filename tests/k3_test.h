@@ -84,4 +84,15 @@ int k3t_runf(char **out, char **err, const char *fmt, ...) __attribute__((format
 const char *k3t_root(void);
 const char *k3t_bindir(void);
 
+/* End the current test as skipped, with the reason (printf-style): the driver
+ * prints "skip NAME (reason)" and counts it in its closing line. Only for a
+ * test that cannot mean anything here (say, valgrind on an emulated build),
+ * never to hide a failure. */
+void k3t_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+/* The host architecture when this test binary runs under user-mode emulation
+ * (an aarch64 build under qemu-aarch64 on x86-64, see k3_kern_emulated), or
+ * NULL when it runs natively. */
+const char *k3t_emulated(void);
+
 #endif

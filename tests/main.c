@@ -1,10 +1,12 @@
 /*
  * main.c - the test driver. Runs every registered test (or those whose name
  * contains one of the arguments) in a child process, with a per-test timeout,
- * two at a time by default (K3_TEST_JOBS). Ends with "N passed, N failed" and
- * exits 1 if anything failed.
+ * two at a time by default (K3_TEST_JOBS). Ends with "N passed, N failed"
+ * (", N skipped" after it when a test called k3t_skip) and exits 1 if anything
+ * failed. K3_TEST_TIMEOUT_SCALE=N multiplies every timeout (emulated runs).
  */
 #include "k3_test.h"
+#include "k3_kern.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -54,6 +56,42 @@ void k3t_fail(const char *file, int line, const char *fmt, ...)
     fputc('\n', stderr);
     fflush(stderr);
     _exit(1);
+}
+
+#define SKIP_STATUS 77   /* exit status of a skipped test's process */
+
+static void skip_file(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/.skip.%s", suite_tmp, name);
+}
+
+void k3t_skip(const char *fmt, ...)
+{
+    char path[sizeof suite_tmp + 300];
+    skip_file(path, sizeof path, current ? current : "?");
+    FILE *f = fopen(path, "w");
+    if (f) {
+        va_list ap;
+        va_start(ap, fmt);
+        vfprintf(f, fmt, ap);
+        va_end(ap);
+        fclose(f);
+    }
+    if (test_tmp[0]) {
+        char *cmd;
+        if (asprintf(&cmd, "rm -rf '%s'", test_tmp) >= 0) {
+            if (system(cmd) != 0)
+                fprintf(stderr, "k3-test: could not remove %s\n", test_tmp);
+            free(cmd);
+        }
+    }
+    fflush(NULL);
+    _exit(SKIP_STATUS);
+}
+
+const char *k3t_emulated(void)
+{
+    return k3_kern_emulated();
 }
 
 const char *k3t_root(void) { return root; }
@@ -236,7 +274,19 @@ int main(int argc, char **argv)
         jobs = (int)v;
     }
 
-    int passed = 0, failed = 0;
+    int scale = 1;
+    const char *sc = getenv("K3_TEST_TIMEOUT_SCALE");
+    if (sc && *sc) {
+        char *end;
+        long v = strtol(sc, &end, 10);
+        if (*end || v < 1 || v > 100) {
+            fprintf(stderr, "k3-test: K3_TEST_TIMEOUT_SCALE must be 1..100\n");
+            return 2;
+        }
+        scale = (int)v;
+    }
+
+    int passed = 0, failed = 0, skipped = 0;
     struct running run[16];
     int nrun = 0, next = 0;
     double t0 = now();
@@ -250,7 +300,7 @@ int main(int argc, char **argv)
             if (pid == 0) {
                 current = tests[i].name;
                 setpgid(0, 0);
-                alarm((unsigned)tests[i].timeout_s);
+                alarm((unsigned)(tests[i].timeout_s * scale));
                 tests[i].fn();
                 if (test_tmp[0])
                     rm_rf(test_tmp);
@@ -269,7 +319,19 @@ int main(int argc, char **argv)
                 continue;
             struct test *t = &tests[run[r].idx];
             double dt = now() - run[r].start;
-            if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+            if (WIFEXITED(st) && WEXITSTATUS(st) == SKIP_STATUS) {
+                char spath[sizeof suite_tmp + 300], why[512] = "no reason given";
+                skip_file(spath, sizeof spath, t->name);
+                FILE *f = fopen(spath, "r");
+                if (f) {
+                    size_t n = fread(why, 1, sizeof why - 1, f);
+                    why[n] = '\0';
+                    fclose(f);
+                    unlink(spath);
+                }
+                skipped++;
+                printf("skip %-56s %6.2fs (%s)\n", t->name, dt, why);
+            } else if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
                 passed++;
                 printf("ok   %-56s %6.2fs\n", t->name, dt);
             } else {
@@ -291,6 +353,9 @@ int main(int argc, char **argv)
     else
         printf("(kept %s for inspection)\n", suite_tmp);
     printf("total %.1fs\n", now() - t0);
-    printf("%d passed, %d failed\n", passed, failed);
+    if (skipped)
+        printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    else
+        printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -1,6 +1,7 @@
 /*
- * t_crc.c - k3_crc32 against zlib's crc32 on every path this CPU runs
- * (vpclmul, pclmul, zlib): every length 0..600 at every start alignment
+ * t_crc.c - k3_crc32 against zlib's crc32 on every path this build and CPU
+ * run (vpclmul, pclmul on x86-64; armv8, the CRC32 instructions, on aarch64;
+ * zlib everywhere): every length 0..600 at every start alignment
  * 0..63, random lengths up to several MiB, chained calls split anywhere,
  * initial CRCs, a length past 4 GiB, and the choice of path (K3_CRC).
  */
@@ -32,7 +33,7 @@ static uint8_t *random_bytes(size_t n)
     return b;
 }
 
-static const char *const paths[] = {"vpclmul", "pclmul", "zlib"};
+static const char *const paths[] = {"vpclmul", "pclmul", "armv8", "zlib"};
 #define NPATHS (sizeof paths / sizeof paths[0])
 
 /* zlib's answer, in uInt-sized calls as zlib's API asks */
@@ -190,6 +191,29 @@ K3_TEST(crc_unknown_forced_path_falls_back_and_says_so)
 {
     setenv("K3_CRC", "crc32c", 1);
     CHECK_STR_CONTAINS(k3_crc_name(), "(K3_CRC=crc32c unavailable)");
-    const char *best = k3_crc_supported("vpclmul") ? "vpclmul " : k3_crc_supported("pclmul") ? "pclmul " : "zlib ";
+    const char *best = k3_crc_supported("vpclmul") ? "vpclmul " : k3_crc_supported("pclmul") ? "pclmul "
+                     : k3_crc_supported("armv8")   ? "armv8 "   : "zlib ";
     CHECK(!strncmp(k3_crc_name(), best, strlen(best)));
+}
+
+/* The build's own architecture path is there: a CPU with it never falls back
+ * to zlib unnoticed (x86-64: PCLMULQDQ on every CPU since 2010; aarch64: the
+ * CRC32 instructions, optional in ARMv8.0 and part of every v8.1 core, and
+ * emulated by qemu-aarch64), and its values are zlib's on the check string. */
+K3_TEST(crc_architecture_path_present_and_gives_the_check_value)
+{
+    const char *mine = NULL;
+#if defined(__x86_64__)
+    mine = "pclmul";
+#elif defined(__aarch64__)
+    mine = "armv8";
+#endif
+    if (!mine)
+        k3t_skip("no CRC instruction path for this architecture");
+    CHECK(k3_crc_supported(mine));
+    CHECK_EQ_INT(k3_crc_use(mine), 0);
+    /* "123456789" is the standard check string: 0xcbf43926 for CRC-32 */
+    static const char chk[] = "123456789123456789123456789123456789123456789123456789123456789123456789";
+    CHECK_EQ_U64(k3_crc32(0, chk, 9), 0xcbf43926u);
+    CHECK_EQ_U64(k3_crc32(0, chk, sizeof chk - 1), zcrc(0, (const uint8_t *)chk, sizeof chk - 1));
 }

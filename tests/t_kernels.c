@@ -46,8 +46,17 @@ static float from_bits(uint32_t u)
     return f;
 }
 
-/* Paths this CPU runs, plus the non-VBMI MXFP4 decode of avx512. */
-static const char *const isas[] = {"avx2", "avx512"};
+/* Every SIMD path of either architecture; each test runs those this build
+ * holds and this CPU runs (k3_kern_supported). */
+static const char *const isas[] = {"avx2", "avx512", "neon"};
+#define N_ISAS (sizeof isas / sizeof *isas)
+
+/* The best path this build and CPU have, as k3_kern_init picks it. */
+static const char *best_isa(void)
+{
+    return k3_kern_supported("avx512") ? "avx512" : k3_kern_supported("avx2") ? "avx2"
+         : k3_kern_supported("neon")   ? "neon"   : "scalar";
+}
 
 /* First index where two float arrays differ in bits, or -1. */
 static long first_diff(const float *a, const float *b, uint64_t n)
@@ -365,7 +374,7 @@ static void every_path_matches_scalar(int mx)
                 return;
         }
     }
-    CHECK(ran > 0 || !k3_kern_supported("avx2"));
+    CHECK(ran > 0 || (!k3_kern_supported("avx2") && !k3_kern_supported("neon")));
 }
 
 K3_TEST(kern_bf16_every_path_bit_identical_to_scalar)
@@ -542,7 +551,7 @@ K3_TEST(kern_mx_product_uses_low_nibble_for_even_element)
     for (int i = 0; i < T * C; i++)
         X[i] = rnd_float();
     k3_mx_dequantize(p, s, R * C, deq);
-    for (size_t k = 0; k < 3; k++) {
+    for (size_t k = 0; k < 1 + N_ISAS; k++) {
         const char *isa = k == 0 ? "scalar" : isas[k - 1];
         if (!k3_kern_supported(isa))
             continue;
@@ -599,7 +608,7 @@ K3_TEST(kern_mx_scale_255_skips_group_even_against_inf)
 {
     enum { C = 96, R = 9, TMAX = 16 };
     uint8_t p[R * C / 2], s[R * 3];
-    float X[TMAX * C], Y[3][TMAX * R];
+    float X[TMAX * C], Y[1 + N_ISAS][TMAX * R];
     for (int i = 0; i < R * C / 2; i++)
         p[i] = 0x22;                                                 /* 1.0, 1.0 */
     for (int r = 0; r < R; r++)
@@ -612,7 +621,7 @@ K3_TEST(kern_mx_scale_255_skips_group_even_against_inf)
     for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
         uint32_t T = Ts[ti];
         uint64_t rows = T == 1 ? 1 : R;
-        for (size_t k = 0; k < 3; k++) {
+        for (size_t k = 0; k < 1 + N_ISAS; k++) {
             const char *isa = k == 0 ? "scalar" : isas[k - 1];
             if (!k3_kern_supported(isa))
                 continue;
@@ -625,7 +634,7 @@ K3_TEST(kern_mx_scale_255_skips_group_even_against_inf)
      * activations with an all -0 start the result is still +0 */
     memset(p, 0x88, sizeof p);
     s[1] = 127;
-    for (size_t k = 0; k < 3; k++) {
+    for (size_t k = 0; k < 1 + N_ISAS; k++) {
         const char *isa = k == 0 ? "scalar" : isas[k - 1];
         if (!k3_kern_supported(isa))
             continue;
@@ -653,7 +662,7 @@ K3_TEST(kern_negative_zero_lanes_survive_every_path)
         W[i] = i < 32 ? k3_f32_to_bf16(-0x1p-100f) : 0x8000;
     k3_kern_path_scalar.gemm_mx_rows(p, s, 1, C, X, 1, &Y0, 0, 1);
     CHECK(Y0 == 0.0f && signbit(Y0));                                /* -0 reached the output */
-    for (size_t k = 0; k < 2; k++) {
+    for (size_t k = 0; k < N_ISAS; k++) {
         if (!k3_kern_supported(isas[k]))
             continue;
         k3_kern_path_find(isas[k])->gemm_mx_rows(p, s, 1, C, X, 1, &Y1, 0, 1);
@@ -661,7 +670,7 @@ K3_TEST(kern_negative_zero_lanes_survive_every_path)
     }
     k3_kern_path_scalar.gemm_bf16_rows(W, 1, C - 3, X, 1, &Y0, 0, 1);
     CHECK(Y0 == 0.0f && signbit(Y0));
-    for (size_t k = 0; k < 2; k++) {
+    for (size_t k = 0; k < N_ISAS; k++) {
         if (!k3_kern_supported(isas[k]))
             continue;
         k3_kern_path_find(isas[k])->gemm_bf16_rows(W, 1, C - 3, X, 1, &Y1, 0, 1);
@@ -733,10 +742,11 @@ K3_TEST(kern_isa_avx512bf16_is_not_built_and_says_so)
 
 K3_TEST(kern_isa_unknown_forced_name_falls_back_and_says_so)
 {
-    setenv("K3_ISA", "neon", 1);
-    CHECK_STR_CONTAINS(k3_kern_name(), "(K3_ISA=neon unavailable)");
+    setenv("K3_ISA", "sve", 1);
+    CHECK_STR_CONTAINS(k3_kern_name(), "(K3_ISA=sve unavailable)");
     /* the fallback is the best path this CPU has */
-    const char *best = k3_kern_supported("avx512") ? "avx512 " : k3_kern_supported("avx2") ? "avx2 " : "scalar ";
+    char best[32];
+    snprintf(best, sizeof best, "%s ", best_isa());
     CHECK(!strncmp(k3_kern_name(), best, strlen(best)));
 }
 
@@ -793,6 +803,38 @@ K3_TEST(every_tool_version_names_the_kernel_and_crc_paths)
         CHECK_STR_CONTAINS(out, "kernels: scalar");
         free(out);
     }
+}
+
+/* k3_exp/k3_expf/k3_tanhf (the runtime's, the same bits everywhere) stay
+ * within a couple of ulps of libm's over their whole range, and keep the
+ * special values. */
+K3_TEST(kern_exp_and_tanh_close_to_libm_with_special_values)
+{
+    double worst = 0, worstf = 0, worstt = 0;
+    for (int i = 0; i < 200000; i++) {
+        double x = -745.0 + 1454.0 * (double)(rnd() >> 11) * 0x1p-53;
+        double a = k3_exp(x), b = exp(x);
+        if (b > 0x1p-1022 && isfinite(b))
+            worst = fmax(worst, fabs(a - b) / (nextafter(b, INFINITY) - b));
+        float xf = (float)(x / 8.0);
+        float af = k3_expf(xf), bf = expf(xf);
+        if (bf > 0x1p-126f && isfinite(bf))
+            worstf = fmax(worstf, fabs((double)af - bf) / ((double)nextafterf(bf, INFINITY) - bf));
+        float xt = (float)(x / 64.0) * (i % 3 == 0 ? 1e-6f : 1.0f);
+        float at = k3_tanhf(xt), bt = tanhf(xt);
+        double ut = fabs((double)nextafterf(fabsf(bt), INFINITY) - fabsf(bt));
+        if (bt != 0)
+            worstt = fmax(worstt, fabs((double)at - bt) / ut);
+    }
+    if (worst > 2 || worstf > 1 || worstt > 2)
+        k3t_fail(__FILE__, __LINE__, "ulps from libm: exp %g, expf %g, tanhf %g", worst, worstf, worstt);
+    CHECK(isnan(k3_exp(NAN)) && isnan(k3_expf(NAN)) && isnan(k3_tanhf(NAN)));
+    CHECK(k3_exp(INFINITY) == INFINITY && k3_exp(-INFINITY) == 0.0 && k3_exp(0.0) == 1.0);
+    CHECK(k3_expf(INFINITY) == INFINITY && k3_expf(-INFINITY) == 0.0f && k3_expf(0.0f) == 1.0f);
+    CHECK(k3_exp(710.0) == INFINITY && k3_expf(89.0f) == expf(89.0f) && k3_expf(-104.0f) >= 0.0f);
+    CHECK(k3_tanhf(INFINITY) == 1.0f && k3_tanhf(-INFINITY) == -1.0f);
+    CHECK(k3_tanhf(0.0f) == 0.0f && !signbit(k3_tanhf(0.0f)) && signbit(k3_tanhf(-0.0f)));
+    CHECK(k3_tanhf(1e-30f) == 1e-30f && k3_tanhf(25.0f) == 1.0f);
 }
 
 /* ---- F32 and F16 weights ------------------------------------------------- */
@@ -920,8 +962,8 @@ K3_TEST(kern_f32_f16_follow_the_bf16_contract)
         CHECK(bits(k3_f16_to_f32(Wh[i])) == u);
     }
     fill_x(X, T * C);
-    static const char *const all[] = {"scalar", "avx2", "avx512"};
-    for (size_t k = 0; k < 3; k++) {
+    static const char *const all[] = {"scalar", "avx2", "avx512", "neon"};
+    for (size_t k = 0; k < sizeof all / sizeof *all; k++) {
         if (!k3_kern_supported(all[k]))
             continue;
         CHECK_EQ_INT(k3_kern_use(all[k]), 0);
