@@ -27,7 +27,7 @@ ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 $(WARN) -ffp-contract
 LDLIBS  = -lcjson -lcrypto -lz -lm -ledit
 LDFLAGS_ALL = -fopenmp -pthread $(SAN) $(LDFLAGS)
 
-LIB_DIRS  = common manifests kernels
+LIB_DIRS  = common manifests kernels engine
 TOOL_DIRS = convert pack verify synth runtime
 TOOL_NAME_convert = k3-convert
 TOOL_NAME_pack    = k3-pack

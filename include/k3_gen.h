@@ -21,7 +21,10 @@
 #include <stdint.h>
 
 #include "k3_err.h"
-#include "k3_model.h"
+
+/* The forward pass (k3_model.h); only k3_gen_run needs it. */
+typedef struct k3_model k3_model;
+typedef struct k3_sess k3_sess;
 
 typedef struct k3_sampler k3_sampler;
 
@@ -57,6 +60,12 @@ typedef struct k3_gen_stats {
  * max_new ids into out (capacity max_new) with sampler; *n_out receives the
  * count. The session must be empty with room for prompt + max_new tokens. */
 int k3_gen_run(k3_model *m, k3_sess *s, k3_sampler *smp, const uint32_t *prompt, uint32_t n_prompt,
+               const k3_gen_opts *o, uint32_t *out, uint32_t *n_out, k3_gen_stats *st, k3_err *e);
+
+/* The same over the engine API: the sequence must be empty. */
+typedef struct k3_engine k3_engine;
+typedef struct k3_seq k3_seq;
+int k3_gen_seq(k3_engine *en, k3_seq *seq, k3_sampler *smp, const uint32_t *prompt, uint32_t n_prompt,
                const k3_gen_opts *o, uint32_t *out, uint32_t *n_out, k3_gen_stats *st, k3_err *e);
 
 #endif

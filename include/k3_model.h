@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "k3_cfg.h"
+#include "k3_engine.h"
 #include "k3_err.h"
 #include "k3_ws.h"
 
@@ -44,9 +45,14 @@ void k3_sess_free(k3_sess *s);   /* accepts NULL */
 void k3_sess_reset(k3_sess *s);  /* back to position 0, all state zero */
 uint32_t k3_sess_pos(const k3_sess *s);
 uint32_t k3_sess_max_ctx(const k3_sess *s);
+/* dst takes src's state (same model; dst must have room for src's position). */
+int k3_sess_copy(k3_sess *dst, const k3_sess *src, k3_err *e);
+/* The state as bytes: the layout and rules of k3_seq_state_* (k3_engine.h). */
+uint64_t k3_sess_state_size(const k3_sess *s);
+int k3_sess_state_save(const k3_sess *s, void *buf, uint64_t cap, uint64_t *len, k3_err *e);
+int k3_sess_state_load(k3_sess *s, const void *buf, uint64_t len, k3_err *e);
 
-/* Which logits k3_model_forward writes. */
-enum { K3_LOGITS_NONE = 0, K3_LOGITS_LAST = 1, K3_LOGITS_ALL = 2 };
+/* Which logits k3_model_forward writes: K3_LOGITS_* of k3_engine.h. */
 
 /*
  * Run n tokens (appended at the session's position) through the model, in

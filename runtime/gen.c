@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "k3_gen.h"
+#include "k3_model.h"
 
 static double now_s(void)
 {

@@ -37,7 +37,7 @@ static void short_conv(const float *in, const float *w, float *hist, uint32_t T,
                        float *y)
 {
     const uint32_t HW = CW - 1;
-#pragma omp parallel for schedule(static) if ((uint64_t)P * T * CW > K3_PAR_MIN)
+    K3_PAR_FOR((uint64_t)P * T * CW > K3_PAR_MIN,
     for (uint32_t c = 0; c < P; c++) {
         for (uint32_t t = 0; t < T; t++) {
             double acc = 0.0;
@@ -53,7 +53,7 @@ static void short_conv(const float *in, const float *w, float *hist, uint32_t T,
             int64_t tau = (int64_t)T - (int64_t)HW + k;
             hist[(uint64_t)k * P + c] = tau >= 0 ? in[(uint64_t)tau * P + c] : hist[(uint64_t)(HW + tau) * P + c];
         }
-    }
+    });
 }
 
 int k3_kda_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e)
@@ -81,7 +81,7 @@ int k3_kda_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
     const double lb = (double)d->lb, eps = (double)d->eps, qscale = 1.0 / sqrt((double)D);
     float *state = s->kda_state + (uint64_t)idx * H * D * D;
 
-#pragma omp parallel for schedule(static) if ((uint64_t)H * T * D * D > K3_PAR_MIN)
+    K3_PAR_FOR((uint64_t)H * T * D * D > K3_PAR_MIN,
     for (uint32_t h = 0; h < H; h++) {
         double q[D], k[D], decay[D], dl[D], u[D], o[D];
         float *S = state + (uint64_t)h * D * D;
@@ -135,7 +135,7 @@ int k3_kda_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
             for (uint32_t j = 0; j < D; j++)
                 out[j] = (float)((double)onorm[j] * (o[j] * r) / (1.0 + exp(-(double)m->kg[off + j])));
         }
-    }
+    });
     k3_model_mm(&v[K3_W_KDA_O], m->ko, T, m->attn);
     return 0;
 }

@@ -22,20 +22,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cjson/cJSON.h>
-
 #include "chat_loop.h"
 #include "k3_cli.h"
 #include "k3_crc.h"
+#include "k3_engine.h"
 #include "k3_err.h"
 #include "k3_gen.h"
 #include "k3_io.h"
 #include "k3_kern.h"
-#include "k3_model.h"
-#include "k3_stream.h"
-#include "k3_man.h"
+#include "k3_plan.h"
 #include "k3_tok.h"
-#include "k3_ws.h"
 
 #define MAX_PROMPT_BYTES (64ull << 20)
 #define MAX_IDS (1u << 24)
@@ -182,7 +178,7 @@ static int write_floats(const char *path, const float *x, uint64_t n, k3_err *e)
 
 typedef struct stream_ctx {
     k3_tok_stream *ts;
-    k3_ws *sws;          /* streaming source (--ram), snapshotted at the first token */
+    k3_engine *sen;      /* a streamed engine (--ram), snapshotted at the first token */
     k3_stream_run *run;
     int json;
     int first;
@@ -214,8 +210,8 @@ static int append(stream_ctx *c, const char *b, uint64_t n)
 static int on_token(void *ud, uint32_t id)
 {
     stream_ctx *c = ud;
-    if (c->sws && !c->run->have_first) {
-        k3_ws_stream_stats(c->sws, &c->run->at_first);
+    if (c->sen && !c->run->have_first) {
+        k3_engine_stream_stats(c->sen, &c->run->at_first);
         c->run->have_first = 1;
     }
     if (!c->ts) {
@@ -306,70 +302,6 @@ static void print_json_text(const char *text, uint64_t n)
         }
     }
     putchar('"');
-}
-
-/* Open the tokenizer of dir for the tokenizer-only modes: when dir is a
- * packed model, its files are compared with the SHA-256 its manifest
- * records, as when the model runs. */
-static int tok_open_dir(k3_tok **tok, const char *dir, k3_err *e)
-{
-    char mp[4096];
-    struct stat st;
-    if (k3_io_path_join(mp, sizeof mp, dir, "manifest.json", NULL) < 0 || stat(mp, &st) != 0)
-        return k3_tok_open(tok, dir, e);
-    char *txt;
-    uint64_t len;
-    k3_man m;
-    memset(&m, 0, sizeof m);
-    int rc = k3_io_read_file(mp, K3_MAN_MAX_BYTES, &txt, &len, e);
-    if (rc)
-        return rc;
-    rc = k3_man_parse(&m, txt, len, mp, e);
-    free(txt);
-    if (rc == 0) {
-        const uint8_t *sha[2] = {NULL, NULL};
-        for (uint32_t i = 0; i < m.nfiles; i++)
-            if (m.files[i].kind == K3_PK_FILE_TOKENIZER)
-                for (int k = 0; k < 2; k++)
-                    if (!strcmp(m.files[i].name, k ? "tokenizer_config.json" : "tiktoken.model"))
-                        sha[k] = m.files[i].sha256;
-        rc = k3_tok_open_checked(tok, dir, sha[0], sha[1], e);
-    }
-    k3_man_free(&m);
-    return rc;
-}
-
-/* Does dir hold a tokenizer? */
-/* The budget a k3-pack layout was made for (manifest plan.k3_run.ram, when
- * plan.k3_run.streams): 1 and *budget set if there is one. Anything unreadable
- * here is left for k3_pk_open to report. */
-static int plan_budget(const char *model_dir, uint64_t *budget)
-{
-    char mp[4096];
-    char *txt = NULL;
-    int found = 0;
-    if (k3_io_path_join(mp, sizeof mp, model_dir, "manifest.json", NULL) < 0 ||
-        access(mp, F_OK) != 0 || k3_io_read_file(mp, 64u << 20, &txt, NULL, NULL) < 0)
-        return 0;
-    cJSON *root = cJSON_Parse(txt);
-    const cJSON *run = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "plan"), "k3_run");
-    const cJSON *streams = cJSON_GetObjectItemCaseSensitive(run, "streams");
-    const cJSON *ram = cJSON_GetObjectItemCaseSensitive(run, "ram");
-    if (cJSON_IsTrue(streams) && cJSON_IsNumber(ram) && ram->valuedouble >= 1 && ram->valuedouble < 0x1p63) {
-        *budget = (uint64_t)ram->valuedouble;
-        found = 1;
-    }
-    cJSON_Delete(root);
-    free(txt);
-    return found;
-}
-
-static int has_tokenizer(const char *dir)
-{
-    char p[4096];
-    if (!dir || k3_io_path_join(p, sizeof p, dir, "tiktoken.model", NULL) < 0)
-        return 0;
-    return access(p, R_OK) == 0;
 }
 
 /* libgomp's default wait policy keeps a thread spinning for a while after
@@ -533,8 +465,8 @@ int main(int argc, char **argv)
 
     /* ---- tokenizer-only modes ---- */
     const char *tdir = tok_dir ? tok_dir : model_dir;
-    k3_tok *tok = NULL;
     if (tokenize || detokenize) {
+        k3_tok *tok = NULL;
         if (!tdir) {
             free(text);
             free(ids);
@@ -546,7 +478,7 @@ int main(int argc, char **argv)
             return die(K3_EARG, tokenize ? "--tokenize needs --prompt or --prompt-file"
                                          : "--detokenize needs --ids");
         }
-        rc = tok_open_dir(&tok, tdir, &e);
+        rc = k3_engine_tok_open(&tok, tdir, &e);
         if (rc == 0 && tokenize) {
             uint32_t *out;
             uint64_t n;
@@ -584,9 +516,8 @@ int main(int argc, char **argv)
     }
 
     double t_load0 = now_s();
-    k3_ws *ws = NULL;
-    k3_model *m = NULL;
-    k3_sess *s = NULL;
+    k3_engine *en = NULL;
+    k3_seq *s = NULL;
     k3_sampler *smp = NULL;
     k3_tok_stream *ts = NULL;
     float *logits = NULL, *first = NULL, *all = NULL;
@@ -594,41 +525,22 @@ int main(int argc, char **argv)
     stream_ctx sc = {0};
     k3_stream_run run;
     memset(&run, 0, sizeof run);
+    k3_engine_info info;
 
     /* A model laid out by k3-pack streams by default within the budget it was
      * packed for; --ram SIZE or a preset (resident included) overrides it. */
-    int ram_from_plan = 0;
-    if (!ram_arg && plan_budget(model_dir, &ram)) {
-        ram_from_plan = 1;
-        ram_arg = "plan";
-    }
-    if (ram_arg) {
-        char mp[4096];
-        struct stat mst;
-        if (k3_io_path_join(mp, sizeof mp, model_dir, "manifest.json", &e) < 0 || stat(mp, &mst) != 0) {
-            free(text);
-            free(ids);
-            return dief(K3_EARG, "--ram needs a packed model (k3-convert): %s has no manifest.json", model_dir);
-        }
-        rc = k3_ws_stream_open(&ws, model_dir, 1, &e);
-    } else {
-        rc = k3_ws_open(&ws, model_dir, 0, &e);
-    }
+    k3_engine_opts eo;
+    k3_engine_opts_init(&eo);
+    eo.ram = ram_arg;
+    eo.max_chunk = (uint32_t)chunk;
+    eo.piece_bytes = piece;
+    eo.trunk_crc = trunk_crc;
+    eo.trace_path = trace_path;
+    eo.tok_dir = tok_dir;
+    rc = k3_engine_open(&en, model_dir, &eo, &e);
     if (rc < 0)
         goto out;
-    if (!tdir || (!tok_dir && !ws->tok_dir[0]))
-        tdir = ws->tok_dir[0] ? ws->tok_dir : NULL;
-    if (tdir && has_tokenizer(tdir)) {
-        /* the model's own tokenizer files: compared with the manifest's SHA-256 */
-        int own = tdir == ws->tok_dir || (ws->tok_dir[0] && !strcmp(tdir, ws->tok_dir));
-        rc = own ? k3_tok_open_checked(&tok, tdir, ws->tok_sha256[0], ws->tok_sha256[1], &e)
-                 : k3_tok_open(&tok, tdir, &e);
-        if (rc < 0)
-            goto out;
-    } else if (tok_dir) {
-        rc = k3_err_set(&e, K3_ENOENT, "%s: no tiktoken.model", tok_dir);
-        goto out;
-    }
+    const k3_tok *tok = k3_engine_tok(en);
     if (text) {
         if (!tok) {
             rc = k3_err_set(&e, K3_ENOENT, "%s: a text prompt needs the tokenizer files (tiktoken.model); "
@@ -646,46 +558,35 @@ int main(int argc, char **argv)
         }
         n_ids = (uint32_t)n;
     }
-    k3_stream_opts so;
-    k3_stream_opts_init(&so);
-    if (ram_arg) {   /* plan before the model opens: it sizes its expert batches by the cache */
-        so.budget = ram;
-        so.max_chunk = (uint32_t)chunk;
-        so.max_ctx = n_ids + (uint32_t)gen;
-        so.nthreads = (uint32_t)omp_get_max_threads();
-        so.trace_path = trace_path;
-        so.trunk_crc = trunk_crc;
-        so.piece_bytes = piece;
-        so.extra_bytes = (2 + (logits_all_path ? (uint64_t)n_ids : 0)) * 4ull * ws->cfg.vocab_size;
-        rc = k3_ws_stream_plan(ws, &so, &run.plan, &e);
-        if (rc == K3_EBUDGET && ram_from_plan) {
-            /* packed for another session shape (context, threads): its floor */
+    const uint32_t V = k3_engine_cfg(en)->vocab_size;
+    k3_engine_get_info(en, &info);
+    if (info.streams) {   /* the plan first: printed before anything big is read */
+        k3_engine_size sz = {n_ids + (uint32_t)gen, 1, (2 + (logits_all_path ? (uint64_t)n_ids : 0)) * 4ull * V};
+        const k3_stream_plan *plan;
+        rc = k3_engine_plan(en, &sz, &plan, &e);
+        k3_engine_get_info(en, &info);
+        if (info.fell_to_floor)   /* packed for another session shape (context, threads) */
             fprintf(stderr, "k3-run: the layout's budget of %llu bytes is below this run's floor: "
-                            "streaming at the floor\n", (unsigned long long)ram);
-            k3_err_clear(&e);
-            so.budget = K3_STREAM_FLOOR;
-            rc = k3_ws_stream_plan(ws, &so, &run.plan, &e);
-        }
+                            "streaming at the floor\n", (unsigned long long)info.layout_budget);
         if (rc < 0)
             goto out;
-        k3_stream_plan_print(&run.plan, stderr, "k3-run: ");
+        run.plan = *plan;
+        k3_stream_plan_print(plan, stderr, "k3-run: ");
         if (plan_only)
             goto out;
-        if (!k3_ws_stream_direct(ws))
+        if (!info.direct)
             fprintf(stderr, "k3-run: warning: the filesystem refuses O_DIRECT for %s: buffered reads "
                             "(the page cache may hold model bytes outside the budget)\n", model_dir);
     }
-    k3_model_opts mo = {(uint32_t)chunk};
-    rc = k3_model_open(&m, ws, &mo, &e);
+    rc = k3_engine_load(en, &e);
     if (rc < 0)
         goto out;
-    const uint32_t V = k3_model_cfg(m)->vocab_size;
     for (uint32_t i = 0; i < n_ids; i++)
         if (ids[i] >= V) {
             rc = k3_err_set(&e, K3_EARG, "token id %u (position %u) is out of range: vocabulary %u", ids[i], i, V);
             goto out;
         }
-    rc = k3_sess_create(&s, m, n_ids + (uint32_t)gen, &e);
+    rc = k3_seq_create(&s, en, n_ids + (uint32_t)gen, &e);
     if (rc < 0)
         goto out;
     rc = k3_sampler_create(&smp, V, (float)temperature, (uint32_t)top_k, (float)top_p, seed, &e);
@@ -705,11 +606,8 @@ int main(int argc, char **argv)
         if (rc < 0)
             goto out;
     }
-    if (ram_arg) {
-        rc = k3_ws_stream_start(ws, &so, &run.plan, &e);
-        if (rc < 0)
-            goto out;
-        sc.sws = ws;
+    if (info.streams) {
+        sc.sen = en;
         sc.run = &run;
     }
     double t_load = now_s() - t_load0;
@@ -727,23 +625,24 @@ int main(int argc, char **argv)
     k3_gen_stats st;
     if (gen == 0) {
         /* prompt only: still compute the logits asked for */
-        rc = k3_model_forward(m, s, ids, n_ids, all ? K3_LOGITS_ALL : K3_LOGITS_LAST, all ? all : first, &e);
+        k3_step_seq one = {s, ids, n_ids, all ? K3_LOGITS_ALL : K3_LOGITS_LAST, all ? all : first};
+        rc = k3_engine_step(en, &one, 1, &e);
         if (rc == 0 && all)
             memcpy(first, all + (uint64_t)(n_ids - 1) * V, (uint64_t)V * sizeof(float));
         memset(&st, 0, sizeof st);
     } else {
-        rc = k3_gen_run(m, s, smp, ids, n_ids, &go, gen_ids, &n_gen, &st, &e);
+        rc = k3_gen_seq(en, s, smp, ids, n_ids, &go, gen_ids, &n_gen, &st, &e);
     }
     if (rc < 0)
         goto out;
-    if (ram_arg) {
-        k3_ws_stream_stats(ws, &run.end);
+    if (info.streams) {
+        k3_engine_stream_stats(en, &run.end);
         run.n_prompt = n_ids;
         run.n_gen = n_gen;
         run.prompt_s = gen ? st.prompt_s : now_s() - t_load0 - t_load;
         run.decode_s = st.decode_s;
         run.peak_rss = k3_stream_rss_peak();
-        run.direct = k3_ws_stream_direct(ws);
+        run.direct = info.direct;
         k3_stream_report_print(&run, stderr, "k3-run: ");
     }
     if (ts) {
@@ -783,7 +682,7 @@ int main(int argc, char **argv)
                st.decode_s > 0 && n_gen > 1 ? (n_gen - 1) / st.decode_s : 0.0);
         printf(",\"kernels\":\"%s\",\"crc32\":\"%s\",\"threads\":%d,\"chunk\":%llu", k3_kern_name(), k3_crc_name(),
                omp_get_max_threads(), (unsigned long long)chunk);
-        if (ram_arg) {
+        if (info.streams) {
             char *sj = k3_stream_report_json(&run);
             if (!sj) {
                 rc = k3_err_set(&e, K3_ENOMEM, "out of memory");
@@ -803,10 +702,8 @@ out:
     free(all);
     free(gen_ids);
     k3_sampler_free(smp);
-    k3_sess_free(s);
-    k3_model_close(m);
-    k3_ws_close(ws);
-    k3_tok_close(tok);
+    k3_seq_free(s);
+    k3_engine_close(en);
     free(text);
     free(ids);
     return rc < 0 ? die(rc, e.msg) : 0;

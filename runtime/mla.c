@@ -66,8 +66,7 @@ int k3_mla_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
     const float scale = 1.0f / sqrtf((float)QK);
     const uint32_t pairs = T * MH;
 
-#pragma omp parallel for schedule(dynamic, 1) num_threads(m->nthreads) \
-    if ((uint64_t)pairs * (pos0 + T) * CL > K3_PAR_MIN)
+    K3_PAR_FOR_DYNAMIC((uint64_t)pairs * (pos0 + T) * CL > K3_PAR_MIN, m->nthreads,
     for (uint32_t pi = 0; pi < pairs; pi++) {
         const uint32_t t = pi / MH, h = pi % MH;
         const float *q = m->mq + (uint64_t)t * MH * QK + (uint64_t)h * QK;
@@ -114,7 +113,7 @@ int k3_mla_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
             for (uint32_t c = 0; c < KVL; c++)
                 ol[c] += w * cp[c];
         }
-    }
+    });
     /* values: per head, Wvb_h . o_lat_h for the chunk's tokens */
     for (uint32_t h = 0; h < MH; h++)
         k3_model_mm_rows(kvb, (uint64_t)h * kvb_rows_per_head + NOPE, VD, m->molat + (uint64_t)h * T * KVL, T,

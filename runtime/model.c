@@ -93,7 +93,7 @@ void k3_model_mm_rows(const k3_view *W, uint64_t row0, uint64_t rows, const floa
     }
     /* F32 */
     const float *w = (const float *)W->data + row0 * cols;
-#pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols * T > K3_PAR_MIN)
+    K3_PAR_FOR(!omp_in_parallel() && rows * cols * T > K3_PAR_MIN,
     for (uint64_t r = 0; r < rows; r++) {
         for (uint32_t t = 0; t < T; t++) {
             float acc = 0.0f;
@@ -102,7 +102,7 @@ void k3_model_mm_rows(const k3_view *W, uint64_t row0, uint64_t rows, const floa
                 acc += wr[c] * x[c];
             Y[(uint64_t)t * rows + r] = acc;
         }
-    }
+    });
 }
 
 void k3_model_mm(const k3_view *W, const float *X, uint32_t T, float *Y)
@@ -127,9 +127,9 @@ static void rmsnorm_row(const float *x, const float *w, uint32_t n, float eps, f
 
 void k3_model_rmsnorm(const float *x, const float *w, uint32_t n, uint32_t T, float eps, float *y)
 {
-#pragma omp parallel for schedule(static) if (!omp_in_parallel() && (uint64_t)T * n > K3_PAR_MIN)
+    K3_PAR_FOR(!omp_in_parallel() && (uint64_t)T * n > K3_PAR_MIN,
     for (uint32_t t = 0; t < T; t++)
-        rmsnorm_row(x + (uint64_t)t * n, w, n, eps, y + (uint64_t)t * n);
+        rmsnorm_row(x + (uint64_t)t * n, w, n, eps, y + (uint64_t)t * n););
 }
 
 uint64_t k3_view_numel(const k3_view *v)
@@ -494,7 +494,7 @@ static void attn_res(const k3_model *m, uint32_t ns, uint32_t first, const float
     const uint32_t E = m->d.E;
     const float eps = m->d.eps;
     const uint64_t stride = (uint64_t)m->max_chunk * E;
-#pragma omp parallel for schedule(static) if ((uint64_t)T * E * (ns + 1) > K3_PAR_MIN)
+    K3_PAR_FOR((uint64_t)T * E * (ns + 1) > K3_PAR_MIN,
     for (uint32_t t = 0; t < T; t++) {
         float sc[K3_CFG_MAX_LAYERS + 1];
         const float *src[K3_CFG_MAX_LAYERS + 1];
@@ -527,7 +527,7 @@ static void attn_res(const k3_model *m, uint32_t ns, uint32_t first, const float
                 acc += sc[i] * src[i][c];
             o[c] = acc;
         }
-    }
+    });
 }
 
 static void vadd(float *a, const float *b, uint64_t n)

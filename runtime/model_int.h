@@ -10,6 +10,7 @@
 #define K3_MODEL_INT_H
 
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 
 #include "k3_model.h"
@@ -66,6 +67,34 @@ struct k3_sess {
  * results (work is only ever split over independent outputs). */
 extern uint64_t k3_model_par_min;
 #define K3_PAR_MIN k3_model_par_min
+
+/* K3_PAR_FOR(cond, for (...) {...}): the loop (over independent outputs) on
+ * the OpenMP threads when cond holds, we are not inside a parallel region
+ * and there is more than one thread; otherwise on this thread without
+ * entering a parallel region at all. libgomp allocates a fresh team for
+ * every one-thread region (an `if` clause that is false included), and a
+ * decode step must not allocate. Which threads run which outputs never
+ * changes a number. K3_PAR_FOR_DYNAMIC: schedule(dynamic, 1) on nt threads. */
+#define K3_PAR_OK(cond) ((cond) && !omp_in_parallel() && omp_get_max_threads() > 1)
+#define K3_PAR_FOR(cond, ...)                                  \
+    do {                                                       \
+        if (K3_PAR_OK(cond)) {                                 \
+            _Pragma("omp parallel for schedule(static)")       \
+            __VA_ARGS__                                        \
+        } else {                                               \
+            __VA_ARGS__                                        \
+        }                                                      \
+    } while (0)
+#define K3_PAR_FOR_DYNAMIC(cond, nt, ...)                                       \
+    do {                                                                        \
+        int k3_par_nt = (int)(nt);                                              \
+        if (K3_PAR_OK(cond) && k3_par_nt > 1) {                                 \
+            _Pragma("omp parallel for schedule(dynamic, 1) num_threads(k3_par_nt)") \
+            __VA_ARGS__                                                         \
+        } else {                                                                \
+            __VA_ARGS__                                                         \
+        }                                                                       \
+    } while (0)
 
 /* ---- helpers (model.c) ---- */
 static inline float k3_sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -24,9 +24,9 @@
 
 static void situ_rows(float *g, const float *u, uint64_t n, float b1, float b2)
 {
-#pragma omp parallel for schedule(static) if (n > K3_PAR_MIN)
+    K3_PAR_FOR(n > K3_PAR_MIN,
     for (uint64_t i = 0; i < n; i++)
-        g[i] = k3_situf(g[i], u[i], b1, b2);
+        g[i] = k3_situf(g[i], u[i], b1, b2););
 }
 
 int k3_mlp_dense_forward(k3_model *m, const k3_view *v, uint32_t T, k3_err *e)
@@ -75,7 +75,7 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     /* routing */
     k3_model_mm(&v[K3_W_MOE_ROUTER], m->xn, T, m->rs);
     const float *bias = m->vf[K3_W_MOE_BIAS];
-#pragma omp parallel for schedule(static) if ((uint64_t)T * NE * K > K3_PAR_MIN)
+    K3_PAR_FOR((uint64_t)T * NE * K > K3_PAR_MIN,
     for (uint32_t t = 0; t < T; t++) {
         float *sc = m->rs + (uint64_t)t * NE;
         for (uint32_t x = 0; x < NE; x++)
@@ -93,7 +93,7 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
                 w[j] /= sum + 1e-20f;
         for (uint32_t j = 0; j < K; j++)
             w[j] *= d->rsf;
-    }
+    });
 
     /* the experts this chunk needs: a streaming source starts reading them
      * now, while the latent down projection and the shared experts run */
@@ -145,7 +145,7 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     }
 
     /* aggregate in top-k order, norm, back up to the model width */
-#pragma omp parallel for schedule(static) if ((uint64_t)T * K * LAT > K3_PAR_MIN)
+    K3_PAR_FOR((uint64_t)T * K * LAT > K3_PAR_MIN,
     for (uint32_t t = 0; t < T; t++) {
         float *acc = m->macc + (uint64_t)t * LAT;
         const float *w = m->rw + (uint64_t)t * K;
@@ -156,7 +156,7 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
             for (uint32_t c = 0; c < LAT; c++)
                 acc[c] += w[j] * y[c];
         }
-    }
+    });
     if (d->moe_norm)
         k3_model_rmsnorm(m->macc, m->vf[K3_W_MOE_NORM], LAT, T, d->eps, m->macc);
     k3_model_mm(&v[K3_W_MOE_LUP], m->macc, T, m->mup);

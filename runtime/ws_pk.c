@@ -2,8 +2,10 @@
  * ws_pk.c - weight source over a packed model directory (k3_pk): the product
  * path. This is the resident form: a group's units are read (CRC-checked)
  * into 4096-aligned buffers on first acquire and kept, or freed on release
- * with K3_WS_DROP; expert records likewise, one aligned buffer per record,
- * each CRC-checked when read. Views point into those buffers, so a tensor is
+ * with K3_WS_DROP; expert records likewise, each CRC-checked when read into
+ * its place in one arena mapped at open (address space only: a page takes
+ * memory when a record is first read into it), so a step never allocates
+ * (with K3_WS_DROP: one aligned buffer per record, freed on release). Views point into those buffers, so a tensor is
  * used exactly as stored. A tensor split into several row pieces (k3-pack) is
  * gathered into one contiguous buffer at acquire. The embedding is read a row
  * at a time, each row checked against its CRC32 in embed.crc. The streaming source (RAM
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "k3_io.h"
 #include "k3_kern.h"
@@ -32,6 +35,8 @@ typedef struct ws_pk {
     uint8_t *rowbuf, *bounce;
     uint64_t bounce_cap;
     uint8_t **rec;                 /* NL x NE */
+    uint8_t *rec_arena;            /* NL x NE record places, mapped at open (not K3_WS_DROP) */
+    uint64_t rec_arena_bytes;
     const k3_pk_expert_layout *lay;
 } ws_pk;
 
@@ -198,12 +203,14 @@ static int pk_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_t *ids, ui
             return k3_err_set(e, K3_EINTERNAL, "expert %u of layer %u out of range", ids[i], layer);
         uint8_t **slot = &w->rec[(uint64_t)layer * NE + ids[i]];
         if (!*slot) {
-            uint8_t *r = k3_io_alloc_aligned(w->lay->stride, K3_PK_ALIGN);
+            uint8_t *r = w->rec_arena ? w->rec_arena + ((uint64_t)layer * NE + ids[i]) * w->lay->stride
+                                      : k3_io_alloc_aligned(w->lay->stride, K3_PK_ALIGN);
             if (!r)
                 return k3_err_set(e, K3_ENOMEM, "out of memory for an expert record");
             int rc = k3_pk_read_record(w->pk, layer, ids[i], r, 1, e);
             if (rc < 0) {
-                k3_io_free_aligned(r);
+                if (!w->rec_arena)
+                    k3_io_free_aligned(r);
                 return rc;
             }
             *slot = r;
@@ -240,7 +247,9 @@ static void pk_close(k3_ws *ws)
     if (w->unit_buf && w->pk)
         for (uint32_t i = 0; i < k3_pk_unit_count(w->pk); i++)
             k3_io_free_aligned(w->unit_buf[i]);
-    if (w->rec)
+    if (w->rec_arena)
+        munmap(w->rec_arena, w->rec_arena_bytes);
+    else if (w->rec)
         for (uint64_t i = 0; i < (uint64_t)ws->cfg.num_hidden_layers * ws->cfg.num_experts; i++)
             k3_io_free_aligned(w->rec[i]);
     free(w->rec);
@@ -329,6 +338,20 @@ int k3_ws_pk_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)
                         w->lay->rows_w13, w->lay->cols_w13, c->moe_intermediate_size, c->routed_expert_hidden_size);
         pk_close(&w->base);
         return rc;
+    }
+    if (w->lay && !(flags & K3_WS_DROP)) {
+        /* stride is a multiple of K3_PK_ALIGN, so every place stays aligned */
+        w->rec_arena_bytes = (uint64_t)NL * c->num_experts * w->lay->stride;
+        void *a = w->rec_arena_bytes ? mmap(NULL, w->rec_arena_bytes, PROT_READ | PROT_WRITE,
+                                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                                     : MAP_FAILED;
+        if (a == MAP_FAILED) {
+            rc = k3_err_set(e, K3_ENOMEM, "%s: cannot map %llu bytes of address space for the expert records", dir,
+                            (unsigned long long)w->rec_arena_bytes);
+            pk_close(&w->base);
+            return rc;
+        }
+        w->rec_arena = a;
     }
     *out = &w->base;
     return 0;

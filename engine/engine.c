@@ -1,0 +1,400 @@
+/*
+ * engine.c - the engine API (k3_engine.h) over a weight source and the
+ * forward pass: opening (source, tokenizer, budget), planning, loading,
+ * sequences and the step.
+ */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "k3_engine.h"
+#include "k3_gen.h"
+#include "k3_io.h"
+#include "k3_man.h"
+#include "k3_model.h"
+#include "k3_pk.h"
+#include "k3_stream.h"
+#include "k3_ws.h"
+
+struct k3_seq {
+    k3_engine *en;
+    k3_sess *s;
+    k3_seq *next, *prev;   /* the engine's live sequences */
+    uint32_t mark;         /* step duplicate check */
+};
+
+struct k3_engine {
+    k3_engine_opts o;
+    char dir[4096];
+    k3_ws *ws;
+    k3_model *m;
+    k3_tok *tok;
+    int streams, from_layout, fell_to_floor, planned, loaded;
+    uint64_t budget, layout_budget;
+    k3_engine_size sz;
+    k3_stream_opts so;
+    k3_stream_plan plan;
+    k3_seq *seqs;
+    uint32_t mark;
+};
+
+void k3_engine_opts_init(k3_engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->piece_bytes = K3_STREAM_PIECE_DEFAULT;
+    o->trunk_crc = 1;
+}
+
+/* ------------------------------------------------------------- opening */
+
+static int has_manifest(const char *dir)
+{
+    char mp[4096];
+    struct stat st;
+    return k3_io_path_join(mp, sizeof mp, dir, "manifest.json", NULL) == 0 && stat(mp, &st) == 0;
+}
+
+/* The budget a k3-pack layout was made for (manifest plan.k3_run.ram, when
+ * plan.k3_run.streams): 1 and *budget set if there is one. Anything
+ * unreadable here is left for the packed source to report. */
+static int layout_budget(const char *dir, uint64_t *budget)
+{
+    char mp[4096];
+    char *txt = NULL;
+    int found = 0;
+    if (k3_io_path_join(mp, sizeof mp, dir, "manifest.json", NULL) < 0 || access(mp, F_OK) != 0 ||
+        k3_io_read_file(mp, 64u << 20, &txt, NULL, NULL) < 0)
+        return 0;
+    cJSON *root = cJSON_Parse(txt);
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "plan"), "k3_run");
+    const cJSON *streams = cJSON_GetObjectItemCaseSensitive(run, "streams");
+    const cJSON *ram = cJSON_GetObjectItemCaseSensitive(run, "ram");
+    if (cJSON_IsTrue(streams) && cJSON_IsNumber(ram) && ram->valuedouble >= 1 && ram->valuedouble < 0x1p63) {
+        *budget = (uint64_t)ram->valuedouble;
+        found = 1;
+    }
+    cJSON_Delete(root);
+    free(txt);
+    return found;
+}
+
+static int has_tokenizer(const char *dir)
+{
+    char p[4096];
+    if (!dir || k3_io_path_join(p, sizeof p, dir, "tiktoken.model", NULL) < 0)
+        return 0;
+    return access(p, R_OK) == 0;
+}
+
+int k3_engine_tok_open(k3_tok **tok, const char *dir, k3_err *e)
+{
+    char mp[4096];
+    if (!has_manifest(dir) || k3_io_path_join(mp, sizeof mp, dir, "manifest.json", e) < 0)
+        return k3_tok_open(tok, dir, e);
+    char *txt;
+    uint64_t len;
+    k3_man m;
+    memset(&m, 0, sizeof m);
+    int rc = k3_io_read_file(mp, K3_MAN_MAX_BYTES, &txt, &len, e);
+    if (rc)
+        return rc;
+    rc = k3_man_parse(&m, txt, len, mp, e);
+    free(txt);
+    if (rc == 0) {
+        const uint8_t *sha[2] = {NULL, NULL};
+        for (uint32_t i = 0; i < m.nfiles; i++)
+            if (m.files[i].kind == K3_PK_FILE_TOKENIZER)
+                for (int k = 0; k < 2; k++)
+                    if (!strcmp(m.files[i].name, k ? "tokenizer_config.json" : "tiktoken.model"))
+                        sha[k] = m.files[i].sha256;
+        rc = k3_tok_open_checked(tok, dir, sha[0], sha[1], e);
+    }
+    k3_man_free(&m);
+    return rc;
+}
+
+/* The tokenizer: opts.tok_dir if given (it must hold one), else the model's
+ * own when it has one, compared with the SHA-256 its manifest records. */
+static int open_tok(k3_engine *en, k3_err *e)
+{
+    k3_ws *ws = en->ws;
+    const char *tok_dir = en->o.tok_dir;
+    const char *tdir = tok_dir ? tok_dir : ws->tok_dir[0] ? ws->tok_dir : NULL;
+    if (tdir && has_tokenizer(tdir)) {
+        int own = ws->tok_dir[0] && !strcmp(tdir, ws->tok_dir);
+        return own ? k3_tok_open_checked(&en->tok, tdir, ws->tok_sha256[0], ws->tok_sha256[1], e)
+                   : k3_tok_open(&en->tok, tdir, e);
+    }
+    if (tok_dir)
+        return k3_err_set(e, K3_ENOENT, "%s: no tiktoken.model", tok_dir);
+    return 0;
+}
+
+int k3_engine_open(k3_engine **out, const char *dir, const k3_engine_opts *o, k3_err *e)
+{
+    *out = NULL;
+    k3_engine *en = calloc(1, sizeof *en);
+    if (!en)
+        return k3_err_set(e, K3_ENOMEM, "out of memory opening the engine");
+    if (o)
+        en->o = *o;
+    else
+        k3_engine_opts_init(&en->o);
+    snprintf(en->dir, sizeof en->dir, "%s", dir);
+    if (en->o.threads)
+        omp_set_num_threads((int)en->o.threads);
+    if (!en->o.max_chunk)
+        en->o.max_chunk = 64;
+    int rc = 0;
+    if (en->o.ram) {
+        en->streams = 1;
+        rc = k3_stream_parse_budget(en->o.ram, &en->budget, e);
+    } else if (layout_budget(dir, &en->layout_budget)) {
+        /* a model laid out by k3-pack streams by default within the budget
+         * it was packed for */
+        en->streams = en->from_layout = 1;
+        en->budget = en->layout_budget;
+    }
+    if (rc == 0 && en->streams) {
+        if (!has_manifest(dir))
+            rc = k3_err_set(e, K3_EARG, "--ram needs a packed model (k3-convert): %s has no manifest.json", dir);
+        else
+            rc = k3_ws_stream_open(&en->ws, dir, 1, e);
+    } else if (rc == 0) {
+        rc = k3_ws_open(&en->ws, dir, 0, e);
+    }
+    if (rc == 0)
+        rc = open_tok(en, e);
+    if (rc < 0) {
+        k3_engine_close(en);
+        return rc;
+    }
+    *out = en;
+    return 0;
+}
+
+void k3_engine_close(k3_engine *en)
+{
+    if (!en)
+        return;
+    while (en->seqs)
+        k3_seq_free(en->seqs);
+    k3_model_close(en->m);
+    k3_ws_close(en->ws);
+    k3_tok_close(en->tok);
+    free(en);
+}
+
+const k3_cfg *k3_engine_cfg(const k3_engine *en) { return k3_ws_cfg(en->ws); }
+const k3_tok *k3_engine_tok(const k3_engine *en) { return en->tok; }
+
+void k3_engine_get_info(const k3_engine *en, k3_engine_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->kind = en->ws->ops->kind;
+    info->streams = en->streams;
+    info->budget_from_layout = en->from_layout;
+    info->layout_budget = en->layout_budget;
+    info->fell_to_floor = en->fell_to_floor;
+    info->direct = en->streams ? k3_ws_stream_direct(en->ws) : 0;
+    info->max_chunk = en->o.max_chunk;
+    info->threads = (uint32_t)omp_get_max_threads();
+}
+
+/* --------------------------------------------------------- plan and load */
+
+int k3_engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan **plan, k3_err *e)
+{
+    if (plan)
+        *plan = NULL;
+    if (en->planned) {
+        if (plan && en->streams)
+            *plan = &en->plan;
+        return 0;
+    }
+    if (sz)
+        en->sz = *sz;
+    if (!en->sz.max_ctx)
+        en->sz.max_ctx = 4096;
+    if (!en->sz.max_seqs)
+        en->sz.max_seqs = 1;
+    if (en->streams) {
+        const k3_cfg *c = k3_ws_cfg(en->ws);
+        k3_stream_opts *so = &en->so;
+        k3_stream_opts_init(so);
+        so->budget = en->budget;
+        so->max_chunk = en->o.max_chunk;
+        so->max_ctx = en->sz.max_ctx;
+        so->nthreads = (uint32_t)omp_get_max_threads();
+        so->trace_path = en->o.trace_path;
+        so->trunk_crc = en->o.trunk_crc;
+        so->piece_bytes = en->o.piece_bytes;
+        so->extra_bytes = en->sz.extra_bytes;
+        if (en->sz.max_seqs > 1) {   /* every further sequence's state and cache */
+            uint64_t scratch, kv, state;
+            k3_stream_model_mem(c, so->max_chunk, so->max_ctx, so->nthreads, &scratch, &kv, &state);
+            so->extra_bytes += (uint64_t)(en->sz.max_seqs - 1) * (kv + state);
+        }
+        int rc = k3_ws_stream_plan(en->ws, so, &en->plan, e);
+        if (rc == K3_EBUDGET && en->from_layout) {
+            /* packed for another session shape (context, threads): its floor */
+            k3_err_clear(e);
+            en->fell_to_floor = 1;
+            so->budget = K3_STREAM_FLOOR;
+            rc = k3_ws_stream_plan(en->ws, so, &en->plan, e);
+        }
+        if (rc < 0)
+            return rc;
+        if (plan)
+            *plan = &en->plan;
+    }
+    en->planned = 1;
+    return 0;
+}
+
+int k3_engine_load(k3_engine *en, k3_err *e)
+{
+    if (en->loaded)
+        return 0;
+    int rc = k3_engine_plan(en, NULL, NULL, e);
+    if (rc < 0)
+        return rc;
+    /* the model opens after the plan: it sizes its expert batches by the cache */
+    k3_model_opts mo = {en->o.max_chunk};
+    if ((rc = k3_model_open(&en->m, en->ws, &mo, e)) < 0)
+        return rc;
+    if (en->streams && (rc = k3_ws_stream_start(en->ws, &en->so, &en->plan, e)) < 0)
+        return rc;
+    en->loaded = 1;
+    return 0;
+}
+
+int k3_engine_stream_stats(const k3_engine *en, k3_stream_stats *st)
+{
+    if (!en->streams) {
+        memset(st, 0, sizeof *st);
+        return -1;
+    }
+    k3_ws_stream_stats(en->ws, st);
+    return 0;
+}
+
+/* ------------------------------------------------------------ sequences */
+
+int k3_seq_create(k3_seq **out, k3_engine *en, uint32_t max_ctx, k3_err *e)
+{
+    *out = NULL;
+    if (!en->loaded)
+        return k3_err_set(e, K3_EARG, "k3_seq_create: the engine is not loaded (k3_engine_load)");
+    k3_seq *q = calloc(1, sizeof *q);
+    if (!q)
+        return k3_err_set(e, K3_ENOMEM, "out of memory creating a sequence");
+    int rc = k3_sess_create(&q->s, en->m, max_ctx, e);
+    if (rc < 0) {
+        free(q);
+        return rc;
+    }
+    q->en = en;
+    q->next = en->seqs;
+    if (en->seqs)
+        en->seqs->prev = q;
+    en->seqs = q;
+    *out = q;
+    return 0;
+}
+
+void k3_seq_free(k3_seq *q)
+{
+    if (!q)
+        return;
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        q->en->seqs = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    k3_sess_free(q->s);
+    free(q);
+}
+
+void k3_seq_reset(k3_seq *q) { k3_sess_reset(q->s); }
+uint32_t k3_seq_pos(const k3_seq *q) { return k3_sess_pos(q->s); }
+uint32_t k3_seq_max_ctx(const k3_seq *q) { return k3_sess_max_ctx(q->s); }
+
+int k3_seq_copy(k3_seq *dst, const k3_seq *src, k3_err *e)
+{
+    if (dst->en != src->en)
+        return k3_err_set(e, K3_EARG, "k3_seq_copy: the sequences belong to different engines");
+    if (dst == src)
+        return 0;
+    return k3_sess_copy(dst->s, src->s, e);
+}
+
+uint64_t k3_seq_state_size(const k3_seq *q) { return k3_sess_state_size(q->s); }
+
+int k3_seq_state_save(const k3_seq *q, void *buf, uint64_t cap, uint64_t *len, k3_err *e)
+{
+    return k3_sess_state_save(q->s, buf, cap, len, e);
+}
+
+int k3_seq_state_load(k3_seq *q, const void *buf, uint64_t len, k3_err *e)
+{
+    return k3_sess_state_load(q->s, buf, len, e);
+}
+
+/* ----------------------------------------------------------------- step */
+
+int k3_engine_step(k3_engine *en, const k3_step_seq *seqs, uint32_t n, k3_err *e)
+{
+    if (!en->loaded)
+        return k3_err_set(e, K3_EARG, "k3_engine_step: the engine is not loaded (k3_engine_load)");
+    const uint32_t V = k3_ws_cfg(en->ws)->vocab_size;
+    if (++en->mark == 0)
+        en->mark = 1;
+    for (uint32_t i = 0; i < n; i++) {
+        const k3_step_seq *q = &seqs[i];
+        if (!q->seq || q->seq->en != en)
+            return k3_err_set(e, K3_EARG, "step entry %u: no sequence of this engine", i);
+        if (q->seq->mark == en->mark)
+            return k3_err_set(e, K3_EARG, "step entry %u: the sequence is already in this step", i);
+        q->seq->mark = en->mark;
+        if (q->n == 0 || !q->ids)
+            return k3_err_set(e, K3_EARG, "step entry %u: no tokens", i);
+        if (q->logits != K3_LOGITS_NONE && q->logits != K3_LOGITS_LAST && q->logits != K3_LOGITS_ALL)
+            return k3_err_set(e, K3_EARG, "step entry %u: logits mode %d is not one of NONE, LAST, ALL", i,
+                              q->logits);
+        if (q->logits != K3_LOGITS_NONE && !q->out)
+            return k3_err_set(e, K3_EARG, "step entry %u: logits requested without a buffer", i);
+        uint32_t pos = k3_sess_pos(q->seq->s);
+        for (uint32_t t = 0; t < q->n; t++)
+            if (q->ids[t] >= V)
+                return k3_err_set(e, K3_EARG, "token id %u at position %u is out of range (vocabulary %u)",
+                                  q->ids[t], pos + t, V);
+        if ((uint64_t)pos + q->n > k3_sess_max_ctx(q->seq->s))
+            return k3_err_set(e, K3_ELIMIT, "context full: %u + %u tokens exceed the sequence's %u", pos, q->n,
+                              k3_sess_max_ctx(q->seq->s));
+    }
+    /* One sequence after the other: each gets exactly its own bits. */
+    for (uint32_t i = 0; i < n; i++) {
+        const k3_step_seq *q = &seqs[i];
+        int rc = k3_model_forward(en->m, q->seq->s, q->ids, q->n, q->logits, q->out, e);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------- generation */
+
+int k3_gen_seq(k3_engine *en, k3_seq *q, k3_sampler *smp, const uint32_t *prompt, uint32_t n_prompt,
+               const k3_gen_opts *o, uint32_t *out, uint32_t *n_out, k3_gen_stats *st, k3_err *e)
+{
+    if (q->en != en)
+        return k3_err_set(e, K3_EARG, "k3_gen_seq: the sequence belongs to another engine");
+    return k3_gen_run(en->m, q->s, smp, prompt, n_prompt, o, out, n_out, st, e);
+}
