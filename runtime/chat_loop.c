@@ -37,12 +37,12 @@
 #include "chat_loop.h"
 #include "k3_chat.h"
 #include "k3_cli.h"
+#include "k3_engine.h"
 #include "k3_gen.h"
 #include "k3_io.h"
-#include "k3_model.h"
 #include "k3_stream.h"
 #include "k3_tok.h"
-#include "k3_ws.h"
+#include "state_file.h"
 
 #define INPUT_MAX (1u << 20)   /* bytes of one user line (LIMITS.md) */
 
@@ -70,7 +70,8 @@ static double now_s(void)
 }
 
 typedef struct chat_args {
-    const char *model, *system, *history, *tok_dir, *ram;
+    const char *model, *system, *history, *tok_dir, *ram, *state_save, *state_load;
+    int force;
     uint64_t gen, ctx, chunk, threads, top_k, seed, ram_bytes;
     double temperature, top_p;
     int show_reasoning, json;
@@ -81,76 +82,49 @@ typedef struct chat_args {
 
 /* The model and one sequence with the ids it has consumed. */
 typedef struct backend {
-    k3_ws *ws;
-    k3_model *m;
-    k3_sess *s;
-    k3_tok *tok;
+    k3_engine *en;
+    k3_seq *s;
+    const k3_tok *tok;
     uint32_t V;
     float *logits;
     uint32_t *ids;        /* state_ids: what s has consumed */
     uint32_t n_ids;
     int logits_valid;     /* logits are those after ids[n_ids - 1] */
     /* the sequence as it was at the end of the last prompt */
-    k3_sess *snap;
+    k3_seq *snap;
     float *snap_logits;
     uint32_t *snap_ids;
     uint32_t n_snap;
 } backend;
 
-/* dst = src (same model and max_ctx): the state the next token depends on. */
-static void sess_copy(k3_sess *dst, const k3_sess *src)
-{
-    k3_err e = {0};
-    k3_sess_copy(dst, src, &e);   /* cannot fail: same model, same max_ctx */
-}
-
 static int backend_open(backend *b, const chat_args *a, k3_err *e)
 {
-    int rc;
     memset(b, 0, sizeof *b);
-    if (a->ram) {
-        char mp[4096];
-        struct stat st;
-        if (k3_io_path_join(mp, sizeof mp, a->model, "manifest.json", e) < 0 || stat(mp, &st) != 0)
-            return k3_err_set(e, K3_EARG, "--ram needs a packed model (k3-convert): %s has no manifest.json",
-                              a->model);
-        rc = k3_ws_stream_open(&b->ws, a->model, 1, e);
-    } else {
-        rc = k3_ws_open(&b->ws, a->model, 0, e);
-    }
+    k3_engine_opts eo;
+    k3_engine_opts_init(&eo);
+    eo.ram = a->ram;
+    eo.max_chunk = (uint32_t)a->chunk;
+    eo.tok_dir = a->tok_dir;
+    int rc = k3_engine_open(&b->en, a->model, &eo, e);
     if (rc < 0)
         return rc;
-    if (a->tok_dir)
-        rc = k3_tok_open(&b->tok, a->tok_dir, e);
-    else if (b->ws->tok_dir[0])
-        rc = k3_tok_open_checked(&b->tok, b->ws->tok_dir, b->ws->tok_sha256[0], b->ws->tok_sha256[1], e);
-    else
-        rc = k3_err_set(e, K3_ENOENT, "%s: chat needs the tokenizer files (tiktoken.model); use --tok DIR",
-                        a->model);
-    if (rc < 0)
-        return rc;
-    k3_stream_opts so;
-    k3_stream_plan plan;
-    if (a->ram) {
-        k3_stream_opts_init(&so);
-        so.budget = a->ram_bytes;
-        so.max_chunk = (uint32_t)a->chunk;
-        so.max_ctx = (uint32_t)a->ctx;
-        so.nthreads = (uint32_t)omp_get_max_threads();
-        /* the logits, and the copy of the sequence kept at the end of each prompt */
-        uint64_t scratch, kv, state;
-        k3_stream_model_mem(&b->ws->cfg, so.max_chunk, so.max_ctx, so.nthreads, &scratch, &kv, &state);
-        so.extra_bytes = 4 * 4ull * b->ws->cfg.vocab_size + kv + state;
-        if ((rc = k3_ws_stream_plan(b->ws, &so, &plan, e)) < 0)
+    b->tok = k3_engine_tok(b->en);
+    if (!b->tok)
+        return k3_err_set(e, K3_ENOENT, "%s: chat needs the tokenizer files (tiktoken.model); use --tok DIR",
+                          a->model);
+    b->V = k3_engine_cfg(b->en)->vocab_size;
+    k3_engine_info info;
+    k3_engine_get_info(b->en, &info);
+    if (info.streams) {
+        /* two sequences: the live one and the copy kept at the end of each prompt */
+        k3_engine_size sz = {(uint32_t)a->ctx, 2, 4 * 4ull * b->V};
+        const k3_stream_plan *plan;
+        if ((rc = k3_engine_plan(b->en, &sz, &plan, e)) < 0)
             return rc;
-        k3_stream_plan_print(&plan, stderr, "k3-run: ");
+        k3_stream_plan_print(plan, stderr, "k3-run: ");
     }
-    k3_model_opts mo = {(uint32_t)a->chunk};
-    if ((rc = k3_model_open(&b->m, b->ws, &mo, e)) < 0)
-        return rc;
-    b->V = k3_model_cfg(b->m)->vocab_size;
-    if ((rc = k3_sess_create(&b->s, b->m, (uint32_t)a->ctx, e)) < 0 ||
-        (rc = k3_sess_create(&b->snap, b->m, (uint32_t)a->ctx, e)) < 0)
+    if ((rc = k3_engine_load(b->en, e)) < 0 || (rc = k3_seq_create(&b->s, b->en, (uint32_t)a->ctx, e)) < 0 ||
+        (rc = k3_seq_create(&b->snap, b->en, (uint32_t)a->ctx, e)) < 0)
         return rc;
     b->logits = malloc((size_t)b->V * sizeof(float));
     b->snap_logits = malloc((size_t)b->V * sizeof(float));
@@ -158,27 +132,23 @@ static int backend_open(backend *b, const chat_args *a, k3_err *e)
     b->snap_ids = malloc((size_t)a->ctx * sizeof(uint32_t));
     if (!b->logits || !b->ids || !b->snap_logits || !b->snap_ids)
         return k3_err_set(e, K3_ENOMEM, "out of memory for the logits");
-    if (a->ram && (rc = k3_ws_stream_start(b->ws, &so, &plan, e)) < 0)
-        return rc;
     return 0;
 }
 
 static void backend_close(backend *b)
 {
-    k3_sess_free(b->s);
-    k3_sess_free(b->snap);
+    k3_seq_free(b->s);
+    k3_seq_free(b->snap);
+    k3_engine_close(b->en);
     free(b->snap_logits);
     free(b->snap_ids);
-    k3_model_close(b->m);
-    k3_ws_close(b->ws);
-    k3_tok_close(b->tok);
     free(b->logits);
     free(b->ids);
 }
 
 static void backend_reset(backend *b)
 {
-    k3_sess_reset(b->s);
+    k3_seq_reset(b->s);
     b->n_ids = 0;
     b->logits_valid = 0;
 }
@@ -186,7 +156,8 @@ static void backend_reset(backend *b)
 /* Feed ids (appending them to state_ids); logits of the last one. */
 static int backend_feed(backend *b, const uint32_t *ids, uint32_t n, k3_err *e)
 {
-    int rc = k3_model_forward(b->m, b->s, ids, n, K3_LOGITS_LAST, b->logits, e);
+    k3_step_seq one = {b->s, ids, n, K3_LOGITS_LAST, b->logits};
+    int rc = k3_engine_step(b->en, &one, 1, e);
     if (rc < 0) {
         backend_reset(b);   /* the sequence is unspecified after a failure */
         return rc;
@@ -225,7 +196,9 @@ static int prepare(chat *c, const uint32_t *P, uint32_t n, turn_stats *ts, k3_er
     if (b->n_ids <= n && memcmp(b->ids, P, (size_t)b->n_ids * sizeof *P) == 0 && (b->n_ids < n || b->logits_valid))
         keep = b->n_ids;
     if (keep == 0 && b->n_snap && b->n_snap <= n && memcmp(b->snap_ids, P, (size_t)b->n_snap * sizeof *P) == 0) {
-        sess_copy(b->s, b->snap);
+        int rc = k3_seq_copy(b->s, b->snap, e);
+        if (rc < 0)
+            return rc;
         memcpy(b->ids, b->snap_ids, (size_t)b->n_snap * sizeof *P);
         memcpy(b->logits, b->snap_logits, (size_t)b->V * sizeof(float));
         b->n_ids = keep = b->n_snap;
@@ -248,7 +221,9 @@ static int prepare(chat *c, const uint32_t *P, uint32_t n, turn_stats *ts, k3_er
         ts->computed += k;
     }
     /* keep this point: the model's turn may not re-render to what it generates */
-    sess_copy(b->snap, b->s);
+    int rc = k3_seq_copy(b->snap, b->s, e);
+    if (rc < 0)
+        return rc;
     memcpy(b->snap_ids, b->ids, (size_t)b->n_ids * sizeof *P);
     memcpy(b->snap_logits, b->logits, (size_t)b->V * sizeof(float));
     b->n_snap = b->n_ids;
@@ -599,6 +574,12 @@ static void usage(FILE *f)
                "                         generated ids, tokens reused and computed, timings)\n"
                "  --gen N                at most N tokens per answer (default 512)\n"
                "  --ctx N                tokens of the whole conversation (default 4096)\n"
+               "  --state-load FILE      start from a saved sequence (k3-run --state-save, or a\n"
+               "                         chat's): its ids are reused as far as they begin the\n"
+               "                         conversation (with --history: turn one computes only\n"
+               "                         its new tokens)\n"
+               "  --state-save FILE      at the end, save the sequence of the conversation\n"
+               "                         (--force: replace FILE)\n"
                "  --temperature T, --top-k K, --top-p P, --seed S   as without --chat; answer k\n"
                "                         of a conversation samples with seed S + its message index\n"
                "  --ram SIZE|floor|double|resident, --threads N, --chunk N, --tok DIR\n"
@@ -659,6 +640,14 @@ static int parse_args(int argc, char **argv, chat_args *a)
         } else if (!strcmp(o, "--history")) {
             NEEDV();
             a->history = v;
+        } else if (!strcmp(o, "--state-save")) {
+            NEEDV();
+            a->state_save = v;
+        } else if (!strcmp(o, "--state-load")) {
+            NEEDV();
+            a->state_load = v;
+        } else if (!strcmp(o, "--force")) {
+            a->force = 1;
         } else if (!strcmp(o, "--tok")) {
             NEEDV();
             a->tok_dir = v;
@@ -725,6 +714,35 @@ static int parse_args(int argc, char **argv, chat_args *a)
     return 0;
 }
 
+/* --state-save at the end: the held sequence that begins the rendering of
+ * the conversation (the live one, else the copy at the last prompt). */
+static int save_state(chat *c, const uint8_t *fp, k3_err *e)
+{
+    backend *b = &c->b;
+    uint32_t *R;
+    uint64_t n;
+    int rc = k3_chat_render(b->tok, &c->a->fmt, &c->conv, 0, &R, &n, e);
+    if (rc < 0)
+        return rc;
+    const k3_seq *s = NULL;
+    const uint32_t *ids = NULL;
+    uint32_t k = 0;
+    if (b->n_ids && b->n_ids <= n && !memcmp(b->ids, R, (size_t)b->n_ids * sizeof *R))
+        s = b->s, ids = b->ids, k = b->n_ids;
+    else if (b->n_snap && b->n_snap <= n && !memcmp(b->snap_ids, R, (size_t)b->n_snap * sizeof *R))
+        s = b->snap, ids = b->snap_ids, k = b->n_snap;
+    free(R);
+    if (!s) {
+        fprintf(stderr, "k3-run: warning: no computed state begins this conversation: %s not written\n",
+                c->a->state_save);
+        return 0;
+    }
+    rc = k3_state_save(c->a->state_save, c->a->force, fp, s, ids, k, e);
+    if (rc == 0)
+        fprintf(stderr, "k3-run: saved the state of %u tokens to %s\n", k, c->a->state_save);
+    return rc;
+}
+
 /* ------------------------------------------------------------ main */
 
 int k3_chat_main(int argc, char **argv)
@@ -756,6 +774,21 @@ int k3_chat_main(int argc, char **argv)
         rc = k3_tok_stream_create(&c.ts, c.b.tok, &e);
     if (rc == 0 && !(c.gen_ids = malloc((size_t)a.gen * sizeof(uint32_t))))
         rc = k3_err_set(&e, K3_ENOMEM, "out of memory");
+    uint8_t fp[32];
+    if (rc == 0 && (a.state_load || a.state_save))
+        rc = k3_state_fingerprint(a.model, fp, &e);
+    if (rc == 0 && a.state_save && !a.force && access(a.state_save, F_OK) == 0)
+        rc = k3_err_set(&e, K3_EEXIST, "%s exists (use --force to replace it)", a.state_save);
+    if (rc == 0 && a.state_load) {
+        uint32_t *ids = NULL, n = 0;
+        rc = k3_state_load(a.state_load, fp, c.b.s, &ids, &n, &e);
+        if (rc == 0) {
+            memcpy(c.b.ids, ids, (size_t)n * sizeof *ids);
+            c.b.n_ids = n;
+            c.b.logits_valid = 0;   /* a continuation computes at least one id */
+        }
+        free(ids);
+    }
     if (rc < 0)
         goto out;
 
@@ -828,6 +861,8 @@ int k3_chat_main(int argc, char **argv)
         if (rc < 0 || quit)
             break;
     }
+    if (rc == 0 && a.state_save)
+        rc = save_state(&c, fp, &e);
 out:
     for (uint32_t i = 0; i < sv.n; i++)
         free(sv.paths[i]);

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "chat_loop.h"
+#include "state_file.h"
 #include "k3_cli.h"
 #include "k3_crc.h"
 #include "k3_engine.h"
@@ -82,6 +83,12 @@ static void usage(FILE *f)
             "  --progress             prompt progress on stderr even when it is not a terminal\n"
             "  --logits FILE          float32 LE logits of the last prompt position [V]\n"
             "  --logits-all FILE      float32 LE logits of every prompt position [T][V]\n"
+            "state (runtime/CHAT.md):\n"
+            "  --state-save FILE      after the prompt, save the sequence (all but the prompt's\n"
+            "                         last id) with its ids and the model's fingerprint\n"
+            "  --state-load FILE      continue a saved sequence whose ids begin the prompt: only\n"
+            "                         the rest is computed (another model's state: exit 3)\n"
+            "  --force                --state-save may replace an existing FILE\n"
             "conversation:\n"
             "  --chat                 talk to the model in the K3 chat format (see\n"
             "                         k3-run --chat --help)\n"
@@ -240,6 +247,8 @@ int main(int argc, char **argv)
     uint64_t gen = 64, chunk = 64, threads = 0, top_k = 0, seed = 0;
     double temperature = 0.0, top_p = 1.0;
     int json = 0, tokenize = 0, detokenize = 0, progress_mode = K3_PROGRESS_AUTO;
+    const char *state_save = NULL, *state_load = NULL;
+    int force = 0;
     const char *ram_arg = NULL, *trace_path = NULL;
     uint64_t ram = 0;
     int plan_only = 0, trunk_crc = 1, version = 0;
@@ -332,6 +341,14 @@ int main(int argc, char **argv)
             progress_mode = K3_PROGRESS_QUIET;
         } else if (!strcmp(a, "--progress")) {
             progress_mode = K3_PROGRESS_FORCE;
+        } else if (!strcmp(a, "--state-save")) {
+            NEEDV();
+            state_save = v;
+        } else if (!strcmp(a, "--state-load")) {
+            NEEDV();
+            state_load = v;
+        } else if (!strcmp(a, "--force")) {
+            force = 1;
         } else if (!strcmp(a, "--tokenize")) {
             tokenize = 1;
         } else if (!strcmp(a, "--detokenize")) {
@@ -366,6 +383,8 @@ int main(int argc, char **argv)
         return die(K3_EARG, "give only one of --prompt, --prompt-file, --ids");
     if (tokenize && detokenize)
         return die(K3_EARG, "--tokenize and --detokenize exclude each other");
+    if ((state_save || state_load) && (logits_all_path || tokenize || detokenize))
+        return die(K3_EARG, "--state-save and --state-load go with a run of the model, without --logits-all");
     if ((plan_only || trace_path) && !ram_arg)
         return die(K3_EARG, "--plan and --trace need --ram");
 
@@ -554,15 +573,21 @@ int main(int argc, char **argv)
     k3_progress_set_unit(prog, "tokens");
     k3_gen_opts go = {(uint32_t)gen, eos, n_eos, logits, first, all, on_token, &sc, prog};
     k3_gen_stats st;
+    /* a saved state whose ids begin the prompt: only the rest is computed */
+    uint32_t reuse = 0;
+    if (state_load && (rc = k3_state_use_load(state_load, model_dir, s, ids, n_ids, &reuse, &e)) < 0)
+        goto out;
+    if (state_save && (rc = k3_state_use_save(state_save, force, model_dir, en, s, ids, n_ids, &reuse, &e)) < 0)
+        goto out;
     if (gen == 0) {
         /* prompt only: still compute the logits asked for */
-        k3_step_seq one = {s, ids, n_ids, all ? K3_LOGITS_ALL : K3_LOGITS_LAST, all ? all : first};
+        k3_step_seq one = {s, ids + reuse, n_ids - reuse, all ? K3_LOGITS_ALL : K3_LOGITS_LAST, all ? all : first};
         rc = k3_engine_step(en, &one, 1, &e);
         if (rc == 0 && all)
             memcpy(first, all + (uint64_t)(n_ids - 1) * V, (uint64_t)V * sizeof(float));
         memset(&st, 0, sizeof st);
     } else {
-        rc = k3_gen_seq(en, s, smp, ids, n_ids, &go, gen_ids, &n_gen, &st, &e);
+        rc = k3_gen_seq(en, s, smp, ids + reuse, n_ids - reuse, &go, gen_ids, &n_gen, &st, &e);
     }
     k3_progress_free(prog);
     if (rc == 0 && info.streams)
@@ -571,7 +596,7 @@ int main(int argc, char **argv)
         goto out;
     if (info.streams) {
         k3_engine_stream_stats(en, &run.end);
-        run.n_prompt = n_ids;
+        run.n_prompt = n_ids - reuse;
         run.n_gen = n_gen;
         run.prompt_s = gen ? st.prompt_s : now_s() - t_load0 - t_load;
         run.decode_s = st.decode_s;
@@ -610,9 +635,10 @@ int main(int argc, char **argv)
         else
             printf("null");
         printf(",\"stop\":\"%s\"", st.stopped_by_eos ? "eos" : "length");
+        printf(",\"reused_tokens\":%u,\"computed_tokens\":%u", reuse, n_ids - reuse);
         printf(",\"timings\":{\"load_s\":%.6f,\"prompt_s\":%.6f,\"prompt_tokens_per_s\":%.3f,"
                "\"decode_s\":%.6f,\"decode_tokens_per_s\":%.3f}",
-               t_load, st.prompt_s, st.prompt_s > 0 ? n_ids / st.prompt_s : 0.0, st.decode_s,
+               t_load, st.prompt_s, st.prompt_s > 0 ? (n_ids - reuse) / st.prompt_s : 0.0, st.decode_s,
                st.decode_s > 0 && n_gen > 1 ? (n_gen - 1) / st.decode_s : 0.0);
         printf(",\"kernels\":\"%s\",\"crc32\":\"%s\",\"threads\":%d,\"chunk\":%llu", k3_kern_name(), k3_crc_name(),
                omp_get_max_threads(), (unsigned long long)chunk);

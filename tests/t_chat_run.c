@@ -237,3 +237,36 @@ K3_TEST(chat_streamed_at_the_floor_answers_as_resident)
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "cmp %s/R %s/F", tmp, tmp), 0);
     free(err);
 }
+
+K3_TEST(chat_state_file_lets_a_restart_compute_only_new_tokens)
+{
+    const char *ck = tiny(), *tmp = k3t_tmpdir();
+    char *a = NULL, *b = NULL, *err = NULL;
+    CHECK_EQ_INT(k3t_runf(&a, NULL, "printf 'Hello!\\nSecond.\\n/save %s/A\\n' | k3-run %s --chat --gen 24 --json", tmp,
+                          ck), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "printf 'Hello!\\n/save %s/H\\n' | k3-run %s --chat --gen 24 --state-save %s/S",
+                          tmp, ck, tmp), 0);
+    CHECK_STR_CONTAINS(err, "saved the state of");
+    free(err);
+    CHECK_EQ_INT(k3t_runf(&b, NULL, "printf 'Second.\\n/save %s/B\\n' | k3-run %s --chat --gen 24 --json --history %s/H "
+                                    "--state-load %s/S", tmp, ck, tmp, tmp), 0);
+    char *ta = turn_body(a, 1), *tb = turn_body(b, 0);
+    CHECK_STR_EQ(tb, ta);
+    free(ta);
+    free(tb);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "cmp %s/A %s/B", tmp, tmp), 0);
+    CHECK_EQ_INT(json_num(b, 0, "reused_tokens"), json_num(a, 1, "reused_tokens"));
+    CHECK_EQ_INT(json_num(b, 0, "computed_tokens"), json_num(a, 1, "computed_tokens"));
+    CHECK(json_num(b, 0, "computed_tokens") < json_num(b, 0, "prompt_tokens") / 2);
+    free(a);
+    free(b);
+    /* the state is refused by another model, and --state-save keeps an existing file */
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth %s/other --preset tiny --seed 7 --quiet", tmp), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "echo hi | k3-run %s/other --chat --state-load %s/S", tmp, tmp), 3);
+    CHECK_STR_CONTAINS(err, "a state of another model");
+    CHECK_EQ_INT(count_lines(err), 1);
+    free(err);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "echo hi | k3-run %s --chat --state-save %s/S", ck, tmp), 7);
+    CHECK_EQ_INT(count_lines(err), 1);
+    free(err);
+}
