@@ -222,7 +222,8 @@ K3_TEST(lossless_synth_trunk_modes_write_the_dtypes_they_promise)
 
 /* The tools say what the conversion did: k3-verify of a packed model names
  * the stored dtypes, LOSSY when k3-convert rounded, and the tensors it left
- * out (a vision tower); k3-run --version MODEL and --json say the same. */
+ * out (a vision tower), in its text and its --json; k3-run --version MODEL
+ * and --json say the same. */
 K3_TEST(lossless_verify_and_run_report_dtypes_lossy_and_left_out)
 {
     const char *up = path_in("up"), *a = path_in("a"), *b = path_in("b");
@@ -238,6 +239,13 @@ K3_TEST(lossless_verify_and_run_report_dtypes_lossy_and_left_out)
         CHECK_STR_CONTAINS(out, pass ? "LOSSY: " : "all as stored upstream (lossless)");
         if (pass)
             CHECK_STR_CONTAINS(out, " 0 F16, 0 F32; LOSSY");
+        free(out);
+        out = NULL;
+        CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-verify --json %s", d), 0);
+        CHECK_STR_CONTAINS(out, "\"left_out\":{\"outside_language_model\":3,");
+        CHECK_STR_CONTAINS(out, pass ? "\"lossy\":true" : "\"lossy\":false");
+        if (pass)
+            CHECK_STR_CONTAINS(out, "\"f16\":0,\"f32\":0,");
         free(out);
         out = NULL;
         CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-run %s --version", d), 0);

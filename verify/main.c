@@ -172,6 +172,20 @@ int main(int argc, char **argv)
         cJSON_AddNumberToObject(o, "bytes_hashed", (double)v.bytes_hashed);
         cJSON_AddNumberToObject(o, "crcs_checked", (double)v.crcs_checked);
         cJSON_AddNumberToObject(o, "seconds", secs);
+        if (packed && v.have_model) {   /* what the text report's notes say */
+            cJSON *tr = cJSON_AddObjectToObject(o, "trunk");
+            cJSON_AddNumberToObject(tr, "tensors", v.trunk_n[0] + v.trunk_n[1] + v.trunk_n[2]);
+            cJSON_AddNumberToObject(tr, "bf16", v.trunk_n[0]);
+            cJSON_AddNumberToObject(tr, "f16", v.trunk_n[1]);
+            cJSON_AddNumberToObject(tr, "f32", v.trunk_n[2]);
+            cJSON_AddBoolToObject(tr, "lossy", v.trunk_rounded > 0);
+            cJSON_AddNumberToObject(tr, "rounded_tensors", v.trunk_rounded);
+            cJSON *lo = cJSON_AddObjectToObject(o, "left_out");
+            cJSON_AddNumberToObject(lo, "outside_language_model", (double)v.left_outside_n);
+            cJSON_AddNumberToObject(lo, "outside_language_model_bytes", (double)v.left_outside_bytes);
+            cJSON_AddNumberToObject(lo, "unused", (double)v.left_unused_n);
+            cJSON_AddNumberToObject(lo, "unused_bytes", (double)v.left_unused_bytes);
+        }
         char *t = cJSON_PrintUnformatted(o);
         cJSON_Delete(o);
         if (!t)
