@@ -569,16 +569,16 @@ int main(int argc, char **argv)
         k3_tok_eos_ids(tok, &eos, &n_eos);
     sc.eos = eos;
     sc.n_eos = n_eos;
-    k3_progress *prog = k3_progress_create("k3-run: prompt", n_ids, stderr, progress_mode);
-    k3_progress_set_unit(prog, "tokens");
-    k3_gen_opts go = {(uint32_t)gen, eos, n_eos, logits, first, all, on_token, &sc, prog};
-    k3_gen_stats st;
     /* a saved state whose ids begin the prompt: only the rest is computed */
     uint32_t reuse = 0;
     if (state_load && (rc = k3_state_use_load(state_load, model_dir, s, ids, n_ids, &reuse, &e)) < 0)
         goto out;
     if (state_save && (rc = k3_state_use_save(state_save, force, model_dir, en, s, ids, n_ids, &reuse, &e)) < 0)
         goto out;
+    k3_progress *prog = k3_progress_create("k3-run: prompt", n_ids - reuse, stderr, progress_mode);
+    k3_progress_set_unit(prog, "tokens");
+    k3_gen_opts go = {(uint32_t)gen, eos, n_eos, logits, first, all, on_token, &sc, prog};
+    k3_gen_stats st;
     if (gen == 0) {
         /* prompt only: still compute the logits asked for */
         k3_step_seq one = {s, ids + reuse, n_ids - reuse, all ? K3_LOGITS_ALL : K3_LOGITS_LAST, all ? all : first};
