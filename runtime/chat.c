@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "k3_chat.h"
+#include "k3_json.h"
 
 static const char effort_text[] =
     "`thinking_effort` guides on how much to think in your thinking channel (not including the response "
@@ -519,33 +520,11 @@ int k3_chat_parse(const k3_tok *tok, const k3_chat_opts *o, const uint32_t *ids,
 
 /* ------------------------------------------------------------------ UTF-8 */
 
-/* Length of the well-formed UTF-8 sequence at s (Unicode Table 3-7), 0 if none. */
-static int utf8_len(const unsigned char *s, uint64_t n)
-{
-    unsigned c = s[0];
-    if (c < 0x80)
-        return 1;
-    int len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    if (!len || (uint64_t)len > n)
-        return 0;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-    if (s[1] < lo || s[1] > hi)
-        return 0;
-    for (int i = 2; i < len; i++)
-        if (s[i] < 0x80 || s[i] > 0xBF)
-            return 0;
-    return len;
-}
-
 int k3_chat_utf8_valid(const char *s, uint64_t len)
 {
     const unsigned char *u = (const unsigned char *)s;
     for (uint64_t i = 0; i < len;) {
-        int l = utf8_len(u + i, len - i);
+        int l = k3_utf8_len(u + i, len - i);
         if (l == 0 || u[i] == 0)
             return 0;
         i += (uint64_t)l;
@@ -563,7 +542,7 @@ int k3_chat_utf8_clean(const char *s, uint64_t len, char **out, uint64_t *out_le
     const unsigned char *u = (const unsigned char *)s;
     uint64_t n = 0;
     for (uint64_t i = 0; i < len;) {
-        int l = utf8_len(u + i, len - i);
+        int l = k3_utf8_len(u + i, len - i);
         if (l == 0 || u[i] == 0) {
             memcpy(p + n, "\xEF\xBF\xBD", 3);
             n += 3;
