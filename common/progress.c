@@ -7,6 +7,8 @@
  * the handle is quiet, and nothing before the job has run for a second (short
  * jobs stay silent). On a terminal the line is rewritten in place with "\r";
  * otherwise a plain line is printed every K3_PROGRESS_PLAIN_NS.
+ * K3_PROGRESS_EVERY_MS=N in the environment sets both the silent start and the
+ * plain-line interval to N ms (a log that wants more lines; tests use 0).
  */
 #include "k3_progress.h"
 
@@ -27,6 +29,7 @@ struct k3_progress {
     FILE *out;
     int quiet;
     int tty;
+    uint64_t silent_ns, plain_ns; /* K3_PROGRESS_QUIET_NS, _PLAIN_NS unless the environment says */
     uint64_t start_ns;
     _Atomic uint64_t done;
     _Atomic uint64_t next_ns;   /* earliest time of the next line */
@@ -113,9 +116,18 @@ k3_progress *k3_progress_create(const char *label, uint64_t total_bytes, FILE *o
     p->out = out;
     p->tty = out && isatty(fileno(out));
     p->quiet = mode == K3_PROGRESS_QUIET || !out || (mode != K3_PROGRESS_FORCE && !p->tty);
+    p->silent_ns = K3_PROGRESS_QUIET_NS;
+    p->plain_ns = K3_PROGRESS_PLAIN_NS;
+    const char *every = getenv("K3_PROGRESS_EVERY_MS");
+    if (every && *every) {
+        char *end;
+        unsigned long long ms = strtoull(every, &end, 10);
+        if (!*end && ms <= 3600000ull)
+            p->silent_ns = p->plain_ns = ms * 1000000ull;
+    }
     p->start_ns = now_ns();
     atomic_init(&p->done, 0);
-    atomic_init(&p->next_ns, p->start_ns + K3_PROGRESS_QUIET_NS);
+    atomic_init(&p->next_ns, p->start_ns + p->silent_ns);
     atomic_init(&p->printed, 0);
     atomic_init(&p->busy, 0);
     return p;
@@ -132,7 +144,7 @@ void k3_progress_add(k3_progress *p, uint64_t bytes)
     uint64_t t = now_ns();
     if (t < next)
         return;
-    uint64_t step = p->tty ? K3_PROGRESS_TTY_NS : K3_PROGRESS_PLAIN_NS;
+    uint64_t step = p->tty ? K3_PROGRESS_TTY_NS : p->plain_ns;
     if (!atomic_compare_exchange_strong(&p->next_ns, &next, t + step))
         return; /* another thread prints this one */
     int expected = 0;
@@ -149,7 +161,7 @@ void k3_progress_finish(k3_progress *p)
         return;
     uint64_t t = now_ns();
     /* A job that finished within the silent second prints nothing at all. */
-    if (!atomic_load(&p->printed) && t - p->start_ns < K3_PROGRESS_QUIET_NS)
+    if (!atomic_load(&p->printed) && t - p->start_ns < p->silent_ns)
         return;
     print_line(p, atomic_load(&p->done), t, 1);
 }

@@ -99,6 +99,7 @@ void k3_conv_plan_free(k3_conv_plan *p);
 /* Options and results of a run. */
 typedef struct k3_conv_opts {
     int resume, rehash, force, quiet, threads;
+    int force_progress;         /* --progress: the meter also when stderr is not a terminal */
     int dense;                  /* write zero blocks instead of leaving holes */
     int trunk_bf16;             /* --trunk-dtype bf16 (lossy, on request only) */
     FILE *progress;             /* stderr, or NULL */

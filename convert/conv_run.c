@@ -1182,7 +1182,10 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
         rc = k3_err_set(e, K3_ENOMEM, "out of memory for the read buffers");
         goto out;
     }
-    cv.prog = k3_progress_create("convert", todo, o->progress, o->quiet || !o->progress);
+    cv.prog = k3_progress_create("k3-convert", todo, o->progress,
+                                 o->quiet || !o->progress ? K3_PROGRESS_QUIET
+                                 : o->force_progress      ? K3_PROGRESS_FORCE
+                                                          : K3_PROGRESS_AUTO);
     for (uint32_t g = 0; g < plan.ngroups && rc == 0; g++)
         if (!plan.groups[g].done)
             rc = convert_group(&cv, g, &rd, e);

@@ -47,6 +47,7 @@ static void usage(FILE *f)
             "                the output does not depend on N\n"
             "  --json        print a JSON summary on stdout\n"
             "  --quiet       no progress on stderr\n"
+            "  --progress    progress on stderr even when it is not a terminal\n"
             "  --version     the version and the kernel and CRC paths in use\n"
             "  -h, --help    this help\n"
             "\n"
@@ -99,6 +100,8 @@ int main(int argc, char **argv)
             json = 1;
         } else if (!strcmp(a, "--quiet")) {
             o.quiet = 1;
+        } else if (!strcmp(a, "--progress")) {
+            o.force_progress = 1;
         } else if (!strcmp(a, "--threads")) {
             uint64_t t;
             if (i + 1 >= argc || k3_cli_parse_u64(argv[++i], 1, 1024, &t)) {

@@ -4,6 +4,8 @@
  * stderr. Not a terminal: a plain line every few seconds. Quiet: nothing.
  * This is the one part of the library that prints, and only to the stream the
  * tool hands it; tools create it, library code only calls k3_progress_add.
+ * Off a terminal the first second is silent and then a line comes every 5 s;
+ * K3_PROGRESS_EVERY_MS=N in the environment makes both N milliseconds.
  */
 #ifndef K3_PROGRESS_H
 #define K3_PROGRESS_H

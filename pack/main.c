@@ -183,7 +183,7 @@ int main(int argc, char **argv)
         return die(K3_EARG, plan_only ? "--plan takes SRC only (see --help)" : "need SRC and DST (see --help)");
     if (o.resume && o.force)
         return die(K3_EARG, "--resume and --force exclude each other");
-    /* the per-file progress lines: on a terminal, or when asked */
+    /* one-off progress lines (a trunk resumed): on a terminal, or when asked */
     o.progress = o.quiet || json || (!progress && !isatty(STDERR_FILENO)) ? NULL : stderr;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -232,7 +232,20 @@ int main(int argc, char **argv)
         goto fail;
     }
     if (!plan_only) {
+        /* the meter: bytes of DST done, advanced per trunk unit piece,
+         * expert and file; on a terminal, or when asked */
+        uint64_t total = 0;
+        for (uint32_t i = 0; i < p.nouts; i++)
+            total += p.man.files[p.outs[i].file].size;
+        o.meter = k3_progress_create("k3-pack", total, stderr,
+                                     o.quiet || json ? K3_PROGRESS_QUIET
+                                     : progress      ? K3_PROGRESS_FORCE
+                                                     : K3_PROGRESS_AUTO);
         rc = k3_pack_run(&p, &dest, &o, &s, &e);
+        if (!rc)
+            k3_progress_finish(o.meter);
+        k3_progress_free(o.meter);
+        o.meter = NULL;
         if (rc) {
             k3_pack_plan_free(&p);
             goto fail;

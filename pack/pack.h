@@ -39,6 +39,7 @@
 #include "k3_pk.h"
 #include "k3_dest.h"
 #include "k3_stream.h"
+#include "k3_progress.h"
 
 #define K3_PACK_BASELINE      (16ull << 20)     /* k3-run's RSS assumed at plan time */
 #define K3_PACK_COPY_CHUNK    (16u << 20)       /* trunk copy / expert copy buffer */
@@ -73,7 +74,8 @@ typedef struct k3_pack_opts {
     uint64_t baseline;          /* k3-run RSS assumed at plan time */
     int resume, force, quiet, copy_only;
     int dense;                  /* write zero blocks of the trunk instead of leaving holes */
-    FILE *progress;
+    FILE *progress;             /* one-off lines (a resumed trunk): stderr, or NULL */
+    k3_progress *meter;         /* bytes of DST done, added per trunk unit, expert and file (NULL: none) */
 } k3_pack_opts;
 
 void k3_pack_opts_init(k3_pack_opts *o);

@@ -398,7 +398,7 @@ static int trunk_checkpoint(copier *c, k3_conv_w *w, const k3_journal *j, const 
 }
 
 static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out, int dense, int resuming,
-                       FILE *progress, k3_pack_stats *s, k3_err *e)
+                       FILE *progress, k3_progress *meter, k3_pack_stats *s, k3_err *e)
 {
     k3_man *m = &p->man;
     k3_pk_file *f = &m->files[out->file];
@@ -463,10 +463,14 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
     if (kept && progress)
         fprintf(progress, "k3-pack: %s: %" PRIu64 " bytes (%u of %u pieces) kept from the interrupted run\n", f->name,
                 kept, first, p->ncopies);
+    uint64_t counted = w.written;   /* what the meter has been told of this file */
+    k3_progress_add(meter, counted);
     for (uint32_t i = first; i < p->ncopies && !rc; i++) {
         const k3_pack_copy *cp = &p->copies[i];
         const k3_pk_piece *pc = &m->tensors[cp->tensor].pieces[cp->piece];
         rc = copy_rows(&c, &w, i, cp->tensor, pc->row_begin, pc->row_end, e);
+        k3_progress_add(meter, w.written - counted);
+        counted = w.written;
         crash_point("trunk", i);
         if (rc || i + 1 == p->ncopies)
             continue;
@@ -490,6 +494,7 @@ static int write_trunk(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
         for (uint32_t u = 0; u < m->nunits; u++)
             m->units[u].crc32 = of.region_crc[u];
         s->bytes_written += w.written - kept;
+        k3_progress_add(meter, f->size > counted ? f->size - counted : 0);   /* holes and padding */
     }
 out:
     /* an interrupted trunk with a unit checkpoint keeps its temporary for
@@ -511,7 +516,8 @@ out:
 
 /* ------------------------------------------------------------ experts */
 
-static int write_experts(k3_pack_plan *p, const char *tmp, const k3_pack_out *out, k3_pack_stats *s, k3_err *e)
+static int write_experts(k3_pack_plan *p, const char *tmp, const k3_pack_out *out, k3_progress *meter,
+                         k3_pack_stats *s, k3_err *e)
 {
     k3_man *m = &p->man;
     k3_pk_file *f = &m->files[out->file];
@@ -542,6 +548,8 @@ static int write_experts(k3_pack_plan *p, const char *tmp, const k3_pack_out *ou
         uint32_t x = p->order[(uint64_t)out->moe_layer * NE + i];
         if (!(rc = check_stop(e)) && !(rc = k3_pk_read_record(p->pk, layer, x, buf, 1, e)))
             rc = k3_conv_w_write(&w, i, 0, buf, xl->stride, e);
+        if (!rc)
+            k3_progress_add(meter, xl->stride);
     }
     if (!rc)
         rc = k3_conv_w_finish(&w, f->sha256, e);
@@ -793,16 +801,17 @@ static int run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_p
         k3_pk_file *f = &p->man.files[out->file];
         if (resuming && journal_take(tmp, p, out)) {
             s->files_resumed++;
+            k3_progress_add(o->meter, f->size);
             continue;
         }
         if ((rc = check_stop(e)))
             return rc;
         switch (out->how) {
         case K3_PACK_OUT_TRUNK:
-            rc = write_trunk(p, tmp, out, o->dense, resuming, o->progress, s, e);
+            rc = write_trunk(p, tmp, out, o->dense, resuming, o->progress, o->meter, s, e);
             break;
         case K3_PACK_OUT_EXPERTS:
-            rc = write_experts(p, tmp, out, s, e);
+            rc = write_experts(p, tmp, out, o->meter, s, e);
             break;
         case K3_PACK_OUT_INDEX:
             rc = write_index(p, tmp, out, s, e);
@@ -825,8 +834,8 @@ static int run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_p
         if ((rc = k3_io_fsync_dir(tmp, e)) || (rc = journal_write(tmp, p, out, e)))
             return rc;
         crash_point("journaled", i);
-        if (o->progress)
-            fprintf(o->progress, "k3-pack: %s done (%u/%u)\n", f->name, i + 1, p->nouts);
+        if (out->how != K3_PACK_OUT_TRUNK && out->how != K3_PACK_OUT_EXPERTS)
+            k3_progress_add(o->meter, f->size);
     }
 
     /* manifest last: it must pass our own reader first */

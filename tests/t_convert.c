@@ -771,3 +771,25 @@ K3_TEST(convert_writer_zero_writes_equal_writes_of_zero_buffers)
     }
     free(data);
 }
+
+K3_TEST(convert_progress_only_on_a_terminal_or_when_asked)
+{
+    char *err = NULL;
+    const char *src = path_in("prog-src");
+    synth(src, "");
+    /* off a terminal, --progress gives plain lines (every one due at once here) */
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_PROGRESS_EVERY_MS=0 k3-convert --progress %s %s", src, path_in("prog-a")), 0);
+    CHECK_STR_CONTAINS(err, "k3-convert: ");
+    CHECK_STR_CONTAINS(err, "(100.0%)");
+    CHECK(strchr(err, '\r') == NULL);
+    free(err);
+    /* without it, none; with --quiet, nothing at all */
+    err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_PROGRESS_EVERY_MS=0 k3-convert %s %s", src, path_in("prog-b")), 0);
+    CHECK(err == NULL || strstr(err, "%)") == NULL);
+    free(err);
+    err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_PROGRESS_EVERY_MS=0 k3-convert --quiet --progress %s %s", src, path_in("prog-c")), 0);
+    CHECK(err == NULL || err[0] == 0);
+    free(err);
+}

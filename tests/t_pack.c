@@ -493,3 +493,69 @@ K3_TEST(pack_refuses_bad_inputs_with_the_documented_status)
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-pack --quiet --force --ram floor %s %s", src, sdir), 0);
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-verify %s", sdir), 0);
 }
+
+/* The meter's lines ("k3-pack: DONE / TOTAL (P%), ...") in stderr text, and
+ * the bytes done of the first one (-1 if none). */
+static unsigned meter_lines(const char *err, double *first_done)
+{
+    unsigned n = 0;
+    *first_done = -1;
+    for (const char *l = err; l && *l;) {
+        const char *nl = strchr(l, '\n');
+        size_t len = nl ? (size_t)(nl - l) : strlen(l);
+        if (len > 9 && !strncmp(l, "k3-pack: ", 9) && memchr(l, '%', len) && strstr(l, " / ") &&
+            strstr(l, " / ") < l + len) {
+            if (n++ == 0) {
+                char *end;
+                double v = strtod(l + 9, &end);
+                *first_done = v * (!strncmp(end, " kB", 3) ? 1e3 : !strncmp(end, " MB", 3) ? 1e6 : 1);
+            }
+        }
+        l += len + (nl != NULL);
+    }
+    return n;
+}
+
+K3_TEST(pack_progress_moves_per_unit_and_counts_a_resumed_trunk)
+{
+    const char *src = make_src();
+    const char *tmp = k3t_tmpdir();
+    char dst[4200], dst2[4200], *err = NULL;
+    const char *opts = "--ram floor --unit-bytes 65536 --pin 2,head";
+    double first;
+    snprintf(dst, sizeof dst, "%s/d", tmp);
+    snprintf(dst2, sizeof dst2, "%s/d2", tmp);
+    /* with every line due at once, the meter speaks after every trunk unit
+     * piece and expert: at least one line per unit */
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_PROGRESS_EVERY_MS=0 k3-pack --progress %s %s %s", opts, src, dst), 0);
+    cJSON *m = manifest(dst);
+    int units = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "trunk"), "units"));
+    cJSON_Delete(m);
+    CHECK(units >= 4);
+    CHECK((int)meter_lines(err, &first) >= units);
+    CHECK_STR_CONTAINS(err, "(100.0%)");
+    free(err);
+    /* off a terminal without --progress, and with --quiet: no meter */
+    err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_PROGRESS_EVERY_MS=0 k3-pack --force %s %s %s", opts, src, dst), 0);
+    CHECK_EQ_INT((int)meter_lines(err, &first), 0);
+    free(err);
+    err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_PROGRESS_EVERY_MS=0 k3-pack --quiet --progress --force %s %s %s", opts, src, dst), 0);
+    CHECK(err == NULL || err[0] == 0);
+    free(err);
+    /* killed after the third unit, resumed: the kept bytes count from the
+     * first line on */
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_PACK_CRASH=unit:3 k3-pack --quiet %s %s %s", opts, src, dst2), 128 + 9);
+    err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_PROGRESS_EVERY_MS=0 k3-pack --progress --resume %s %s %s", opts, src, dst2), 0);
+    const char *k = err ? strstr(err, "kept from the interrupted run") : NULL;
+    CHECK(k != NULL);
+    while (k && k > err && k[-1] != ':')
+        k--;
+    double kept = k ? strtod(k, NULL) : 0;   /* "...trunk.bin: N bytes (...) kept" */
+    CHECK(kept >= 3 * 65536.0 * 0.5);
+    CHECK(meter_lines(err, &first) > 0);
+    CHECK(first >= kept * 0.995);   /* the meter starts at what was kept, not at zero */
+    free(err);
+}
