@@ -1,6 +1,9 @@
 /*
  * sample.c - the sampler documented in k3_gen.h: greedy, or temperature ->
- * top-k -> top-p -> inverse CDF with one xoshiro256** draw per token.
+ * top-k -> top-p -> inverse CDF with one counter-based draw per token: draw
+ * number j depends only on (seed, j), so a caller that produces tokens out of
+ * order or several at a time (speculative decoding, engine/spec.c) gets the
+ * same tokens as one that calls k3_sampler_next once per token.
  * All scratch (V ids and V probabilities) is allocated at create.
  */
 #include <math.h>
@@ -13,33 +16,26 @@ struct k3_sampler {
     uint32_t V;
     float temperature, top_p;
     uint32_t top_k;
-    uint64_t st[4];
+    uint64_t key;    /* mix64(seed) */
+    uint64_t count;  /* draws k3_sampler_next has made */
     uint32_t *idx;
     float *z;
     double *p;
 };
 
-static uint64_t splitmix64(uint64_t *x)
+/* The splitmix64 finaliser (a bijection of 64-bit words). */
+static uint64_t mix64(uint64_t z)
 {
-    uint64_t r = (*x += 0x9e3779b97f4a7c15ull);
-    r = (r ^ (r >> 30)) * 0xbf58476d1ce4e5b9ull;
-    r = (r ^ (r >> 27)) * 0x94d049bb133111ebull;
-    return r ^ (r >> 31);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+#define GOLDEN 0x9e3779b97f4a7c15ull
 
-static uint64_t xoshiro256ss(uint64_t s[4])
-{
-    const uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
+/* Draw j: the (j+1)-th output of a splitmix64 generator started at
+ * mix64(seed), i.e. mix64(key + (j + 1) * golden), as a word. */
+static uint64_t draw(const k3_sampler *s, uint64_t j) { return mix64(s->key + (j + 1) * GOLDEN); }
 
 int k3_sampler_create(k3_sampler **out, uint32_t V, float temperature, uint32_t top_k, float top_p,
                       uint64_t seed, k3_err *e)
@@ -54,9 +50,7 @@ int k3_sampler_create(k3_sampler **out, uint32_t V, float temperature, uint32_t 
     s->temperature = temperature;
     s->top_k = top_k;
     s->top_p = top_p;
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++)
-        s->st[i] = splitmix64(&x);
+    s->key = mix64(seed);
     if (temperature > 0.0f) {
         s->idx = malloc((size_t)V * sizeof *s->idx);
         s->z = malloc((size_t)V * sizeof *s->z);
@@ -137,6 +131,14 @@ static uint32_t greedy(const float *logits, uint32_t V)
 
 uint32_t k3_sampler_next(k3_sampler *s, const float *logits)
 {
+    return k3_sampler_at(s, logits, s->count++);
+}
+
+uint64_t k3_sampler_count(const k3_sampler *s) { return s->count; }
+void k3_sampler_set_count(k3_sampler *s, uint64_t n) { s->count = n; }
+
+uint32_t k3_sampler_at(k3_sampler *s, const float *logits, uint64_t j)
+{
     const uint32_t V = s->V;
     if (s->temperature <= 0.0f)
         return greedy(logits, V);
@@ -174,7 +176,7 @@ uint32_t k3_sampler_next(k3_sampler *s, const float *logits)
     double mass = 0.0;
     for (uint32_t i = 0; i < keep; i++)
         mass += s->p[i];
-    const double u = (double)(xoshiro256ss(s->st) >> 11) * 0x1.0p-53 * mass;
+    const double u = (double)(draw(s, j) >> 11) * 0x1.0p-53 * mass;
     cum = 0.0;
     for (uint32_t i = 0; i < keep; i++) {
         cum += s->p[i];

@@ -8,12 +8,19 @@
  *     descending, ties by id ascending; keep the first top_k (0 = all); p_i =
  *     exp(z_i - z_max) / sum (sum in double, in sorted order); keep the
  *     shortest sorted prefix whose cumulative p reaches top_p (1 = all; at
- *     least one id); draw one uniform u in [0, 1) (the top 53 bits of one
- *     xoshiro256** output times 2^-53), scale it by the kept mass and return
- *     the first kept id whose cumulative p (double, sorted order) exceeds it.
- *   - the generator is xoshiro256** whose four words are successive
- *     splitmix64 outputs starting from the seed: the same seed, options and
- *     logits give the same tokens on every machine.
+ *     least one id); draw one uniform u in [0, 1) (the top 53 bits of draw
+ *     number j times 2^-53), scale it by the kept mass and return the first
+ *     kept id whose cumulative p (double, sorted order) exceeds it.
+ *   - draws are counter-based: draw j = mix64(mix64(seed) + (j + 1) *
+ *     0x9e3779b97f4a7c15), mix64 being the splitmix64 finaliser (so draw j is
+ *     output j+1 of splitmix64 started at mix64(seed)). A draw depends only on
+ *     (seed, j), never on what was drawn before: the same seed, options and
+ *     logits give the same tokens on every machine, and a caller that
+ *     produces several tokens per step (speculative decoding) gets the tokens
+ *     of one-at-a-time decoding. k3_sampler_next(s, logits) is
+ *     k3_sampler_at(s, logits, n) with n the number of k3_sampler_next calls
+ *     before it. (Until this scheme the draws came from one xoshiro256**
+ *     stream; the seeded outputs of that version differ from this one.)
  */
 #ifndef K3_GEN_H
 #define K3_GEN_H
@@ -32,8 +39,15 @@ typedef struct k3_sampler k3_sampler;
 int k3_sampler_create(k3_sampler **out, uint32_t V, float temperature, uint32_t top_k, float top_p,
                       uint64_t seed, k3_err *e);
 void k3_sampler_free(k3_sampler *s);   /* accepts NULL */
-/* The next id for these logits (V floats). */
+/* The next id for these logits (V floats): draw number k3_sampler_count(s),
+ * which it then advances. */
 uint32_t k3_sampler_next(k3_sampler *s, const float *logits);
+/* The id for these logits with draw number j (the j-th token generated,
+ * from 0); the count of k3_sampler_next is left alone. */
+uint32_t k3_sampler_at(k3_sampler *s, const float *logits, uint64_t j);
+/* The draw number k3_sampler_next uses next; set it to resume a stream. */
+uint64_t k3_sampler_count(const k3_sampler *s);
+void k3_sampler_set_count(k3_sampler *s, uint64_t n);
 
 /* Called with each generated id as soon as it is chosen; a negative return
  * stops generation with that code. */

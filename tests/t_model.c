@@ -252,3 +252,32 @@ K3_TEST(sampler_greedy_ties_go_to_the_lowest_id_and_seeds_repeat)
     k3_sampler_free(b);
     CHECK(k3_sampler_create(&a, 6, 1.0f, 0, 0.0f, 1, &e) == K3_EARG);
 }
+
+/* Draw j depends only on (seed, j): k3_sampler_at in any order gives the ids
+ * of successive k3_sampler_next calls, and the ids are the documented ones
+ * (x_j = mix64(mix64(77) + (j+1) * golden): u = 0.9151, 0.4427, 0.8752 over
+ * the cumulative softmax 0.302 0.604 0.877 0.944 0.985 1 of ids 1 3 4 0 5 2). */
+K3_TEST(sampler_draws_are_counter_based)
+{
+    k3_err e = {0};
+    k3_sampler *a, *b;
+    float x[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f, 0.0f};
+    CHECK_EQ_INT(k3_sampler_create(&a, 6, 1.0f, 0, 1.0f, 77, &e), 0);
+    CHECK_EQ_INT(k3_sampler_create(&b, 6, 1.0f, 0, 1.0f, 77, &e), 0);
+    CHECK_EQ_INT(k3_sampler_at(b, x, 2), 4);
+    CHECK_EQ_INT(k3_sampler_at(b, x, 0), 0);
+    CHECK_EQ_INT(k3_sampler_at(b, x, 1), 3);
+    CHECK_EQ_INT(k3_sampler_count(b), 0);
+    CHECK_EQ_INT(k3_sampler_next(a, x), 0);
+    CHECK_EQ_INT(k3_sampler_next(a, x), 3);
+    CHECK_EQ_INT(k3_sampler_next(a, x), 4);
+    CHECK_EQ_INT(k3_sampler_count(a), 3);
+    for (uint64_t j = 0; j < 300; j++) {
+        uint32_t want = k3_sampler_next(a, x);
+        CHECK_EQ_INT(k3_sampler_at(b, x, j + 3), want);
+    }
+    k3_sampler_set_count(b, 1);
+    CHECK_EQ_INT(k3_sampler_next(b, x), 3);
+    k3_sampler_free(a);
+    k3_sampler_free(b);
+}
