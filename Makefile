@@ -4,8 +4,8 @@
 #   make test     the whole suite; ends "N passed, N failed"
 #   make demo     build, then run the main job end to end on the small trained model (models/kjv-tiny)
 #   make asan     the suite under AddressSanitizer + UBSan (build-asan/)
-#   make test-arm64  cross-build for aarch64 (build-arm64/) and run the whole
-#                 suite under qemu-aarch64 (scripts/install-deps --arm64)
+#   make test-arm64  cross-build for aarch64 (build-arm64/) and run the suite
+#                 under qemu-aarch64, but for tests/qemu-skip.txt (scripts/install-deps --arm64)
 #   make bench    benchmarks (never part of make test)
 #   make install  PREFIX=/usr/local (the tools and their manual pages)
 #

@@ -204,6 +204,62 @@ static int selected(int argc, char **argv, const char *name)
     return 0;
 }
 
+/* K3_TEST_SKIP_FILE: lines "PATTERN<TAB>REASON" ('#' comments); a selected
+ * test whose name contains a PATTERN is reported as skipped with its REASON
+ * and not run (the aarch64 suite under qemu skips what means nothing there,
+ * or costs too much, saying why). The first pattern a name contains decides;
+ * "!PATTERN<TAB>WHY" runs the tests it names although a later pattern would
+ * skip them. A pattern that names no test is an error: a renamed test cannot
+ * silently start running, or stop being listed. */
+#define SKIP_MAX 128
+static struct skip_rule {
+    char pat[128];
+    char why[384];
+    int keep;                 /* "!PATTERN": run these */
+    int used;
+} skips[SKIP_MAX];
+static int nskips;
+
+static int load_skips(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "k3-test: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char line[1024];
+    int ln = 0;
+    while (fgets(line, sizeof line, f)) {
+        ln++;
+        line[strcspn(line, "\n")] = '\0';
+        if (!line[0] || line[0] == '#')
+            continue;
+        char *tab = strchr(line, '\t');
+        if (!tab || tab == line || !tab[1] || nskips == SKIP_MAX || (size_t)(tab - line) >= sizeof skips[0].pat) {
+            fprintf(stderr, "k3-test: %s:%d: not \"PATTERN<TAB>REASON\" (or too many lines)\n", path, ln);
+            fclose(f);
+            return -1;
+        }
+        *tab = '\0';
+        skips[nskips].keep = line[0] == '!';
+        snprintf(skips[nskips].pat, sizeof skips[0].pat, "%s", line + skips[nskips].keep);
+        snprintf(skips[nskips].why, sizeof skips[0].why, "%s", tab + 1);
+        nskips++;
+    }
+    fclose(f);
+    return 0;
+}
+
+static const char *skip_reason(const char *name)
+{
+    for (int i = 0; i < nskips; i++)
+        if (strstr(name, skips[i].pat)) {
+            skips[i].used = 1;
+            return skips[i].keep ? NULL : skips[i].why;
+        }
+    return NULL;
+}
+
 static void rm_rf(const char *path)
 {
     char *cmd;
@@ -286,6 +342,17 @@ int main(int argc, char **argv)
         scale = (int)v;
     }
 
+    const char *sf = getenv("K3_TEST_SKIP_FILE");
+    if (sf && *sf && load_skips(sf) < 0)
+        return 2;
+    for (int i = 0; i < ntests; i++)   /* mark the patterns that name a test */
+        skip_reason(tests[i].name);
+    for (int i = 0; i < nskips; i++)
+        if (!skips[i].used) {
+            fprintf(stderr, "k3-test: %s: pattern \"%s\" names no test\n", sf, skips[i].pat);
+            return 2;
+        }
+
     int passed = 0, failed = 0, skipped = 0;
     struct running run[16];
     int nrun = 0, next = 0;
@@ -295,6 +362,12 @@ int main(int argc, char **argv)
             int i = next++;
             if (!selected(argc, argv, tests[i].name))
                 continue;
+            const char *why = skip_reason(tests[i].name);
+            if (why) {
+                skipped++;
+                printf("skip %-56s %6.2fs (%s)\n", tests[i].name, 0.0, why);
+                continue;
+            }
             fflush(NULL);
             pid_t pid = fork();
             if (pid == 0) {

@@ -277,3 +277,35 @@ K3_TEST(docs_man_pages_belong_to_built_tools_and_make_install_puts_them_in_man1)
     free(out);
     free(err);
 }
+
+/* The skip file of the emulated suite (tests/qemu-skip.txt, K3_TEST_SKIP_FILE):
+ * every pattern must name a test, a malformed line fails, and a skipped test
+ * is reported with its reason instead of running. */
+K3_TEST(harness_skip_file_names_only_existing_tests_and_says_why)
+{
+    char *out = NULL, *err = NULL, f[4200];
+    const char *bin = k3t_bindir();
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "K3_TEST_SKIP_FILE=tests/qemu-skip.txt %s/k3-test no_test_is_named_this", bin), 0);
+    free(out);
+    snprintf(f, sizeof f, "%s/skip.txt", k3t_tmpdir());
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "printf 'crc_one_call_past\\tbecause\\n' > %s", f), 0);
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "K3_TEST_SKIP_FILE=%s %s/k3-test crc_one_call_past", f, bin), 0);
+    CHECK_STR_CONTAINS(out, "skip crc_one_call_past_4_gib");
+    CHECK_STR_CONTAINS(out, "(because)");
+    CHECK_STR_CONTAINS(out, "0 passed, 0 failed, 1 skipped");
+    free(out);
+    /* a pattern no test has: refused, so a renamed test cannot slip out of the list */
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "printf 'no_such_test_anywhere\\twhy\\n' > %s", f), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_TEST_SKIP_FILE=%s %s/k3-test crc_one_call_past", f, bin), 2);
+    CHECK_STR_CONTAINS(err, "names no test");
+    free(err);
+    /* no reason: refused */
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "printf 'crc_one_call_past\\n' > %s", f), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_TEST_SKIP_FILE=%s %s/k3-test crc_one_call_past", f, bin), 2);
+    /* "!" keeps what a later line would skip */
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "printf '!crc_matches\\tkeep\\ncrc_\\tskip\\n' > %s", f), 0);
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "K3_TEST_SKIP_FILE=%s %s/k3-test crc_matches_zlib_on_random crc_one_call", f, bin), 0);
+    CHECK_STR_CONTAINS(out, "ok   crc_matches_zlib_on_random");
+    CHECK_STR_CONTAINS(out, "skip crc_one_call_past_4_gib");
+    free(out);
+}
