@@ -33,10 +33,10 @@ int k3_mlp_dense_forward(k3_model *m, const k3_view *v, uint32_t T, k3_err *e)
 {
     const k3_dims *d = &m->d;
     (void)e;
-    k3_model_mm(&v[K3_W_MLP_GATE], m->xn, T, m->dg);
-    k3_model_mm(&v[K3_W_MLP_UP], m->xn, T, m->du);
+    k3_model_mm(m, &v[K3_W_MLP_GATE], m->xn, T, m->dg);
+    k3_model_mm(m, &v[K3_W_MLP_UP], m->xn, T, m->du);
     situ_rows(m->dg, m->du, (uint64_t)T * d->IDN, d->b1, d->b2);
-    k3_model_mm(&v[K3_W_MLP_DOWN], m->dg, T, m->mlp);
+    k3_model_mm(m, &v[K3_W_MLP_DOWN], m->dg, T, m->mlp);
     return 0;
 }
 
@@ -73,7 +73,7 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     const uint32_t NE = d->NE, K = d->TOPK, LAT = d->LAT, I = d->I;
 
     /* routing */
-    k3_model_mm(&v[K3_W_MOE_ROUTER], m->xn, T, m->rs);
+    k3_model_mm(m, &v[K3_W_MOE_ROUTER], m->xn, T, m->rs);
     const float *bias = m->vf[K3_W_MOE_BIAS];
     K3_PAR_FOR((uint64_t)T * NE * K > K3_PAR_MIN,
     for (uint32_t t = 0; t < T; t++) {
@@ -107,16 +107,16 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     k3_ws_experts_prefetch(m->ws, layer, m->eids, nused);
 
     /* experts live in the latent */
-    k3_model_mm(&v[K3_W_MOE_LDOWN], m->xn, T, m->mz);
+    k3_model_mm(m, &v[K3_W_MOE_LDOWN], m->xn, T, m->mz);
 
     /* shared experts: one unweighted MLP on the layer input, into m->mlp */
     const uint64_t TE = (uint64_t)T * d->E;
     if (d->NSH) {
         const uint64_t IS = (uint64_t)I * d->NSH;
-        k3_model_mm(&v[K3_W_MOE_SH_GATE], m->xn, T, m->dg);
-        k3_model_mm(&v[K3_W_MOE_SH_UP], m->xn, T, m->du);
+        k3_model_mm(m, &v[K3_W_MOE_SH_GATE], m->xn, T, m->dg);
+        k3_model_mm(m, &v[K3_W_MOE_SH_UP], m->xn, T, m->du);
         situ_rows(m->dg, m->du, (uint64_t)T * IS, d->b1, d->b2);
-        k3_model_mm(&v[K3_W_MOE_SH_DOWN], m->dg, T, m->mlp);
+        k3_model_mm(m, &v[K3_W_MOE_SH_DOWN], m->dg, T, m->mlp);
     }
 
     for (uint32_t b0 = 0; b0 < nused; b0 += m->expert_batch) {
@@ -159,7 +159,7 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     });
     if (d->moe_norm)
         k3_model_rmsnorm(m->macc, m->vf[K3_W_MOE_NORM], LAT, T, d->eps, m->macc);
-    k3_model_mm(&v[K3_W_MOE_LUP], m->macc, T, m->mup);
+    k3_model_mm(m, &v[K3_W_MOE_LUP], m->macc, T, m->mup);
 
     /* routed + shared */
     if (d->NSH) {
