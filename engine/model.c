@@ -13,6 +13,14 @@
  *    fixed order independent of T and of the thread count); F32 matrices
  *    (accepted for small tensors) by a plain column-ascending float loop.
  * Work is split over tokens or rows only, never inside a reduction.
+ *
+ * Batches (k3_model_forward_batch): the tokens of several sessions are laid
+ * end to end in passes of at most max_chunk rows; every reduction above is
+ * per row (a row's norm, residual mix, routing, top-k sum and products see
+ * only that row), so a row's bits do not depend on which rows share its
+ * pass. A product whose output rows are not one block goes through
+ * m->mmtmp in row blocks (mm_block): the kernel's per-output order is
+ * independent of the row range too.
  */
 #include <omp.h>
 #include <stdlib.h>

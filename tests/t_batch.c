@@ -305,3 +305,17 @@ K3_TEST(batch_plan_admits_what_the_budget_holds)
     free(s);
     k3_engine_close(en);
 }
+
+K3_TEST(batch_run_plan_prints_the_sequence_cost_and_the_admitted_maximum)
+{
+    const char *dir = model();
+    char *err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s --ids 1,2,3 --gen 4 --ram floor --plan", dir), 0);
+    CHECK_STR_CONTAINS(err, "k3-run:   per sequence ");
+    CHECK_STR_CONTAINS(err, "7 tokens)");
+    CHECK_STR_CONTAINS(err, "sequences      1 planned; the budget admits at most 1 of 7 tokens each");
+    free(err);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s --ids 1,2,3 --gen 4 --ram 64M --plan", dir), 0);
+    CHECK(!strstr(err, "admits at most 1 of"));
+    free(err);
+}
