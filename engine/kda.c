@@ -71,15 +71,14 @@ int k3_kda_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     const k3_dims *d = &m->d;
     const uint32_t H = d->H, D = d->D, P = d->P, CW = d->CW;
     const uint32_t idx = m->layer_slot[layer];
-    (void)e;
 
-    k3_model_mm(m, &v[K3_W_KDA_Q], m->xn, T, m->kq);
-    k3_model_mm(m, &v[K3_W_KDA_K], m->xn, T, m->kk);
-    k3_model_mm(m, &v[K3_W_KDA_V], m->xn, T, m->kv);
-    k3_model_mm(m, &v[K3_W_KDA_G], m->xn, T, m->kg);
-    k3_model_mm(m, &v[K3_W_KDA_B], m->xn, T, m->kb);
-    k3_model_mm(m, &v[K3_W_KDA_FA], m->xn, T, m->kfa);
-    k3_model_mm(m, &v[K3_W_KDA_FB], m->kfa, T, m->kz);
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_Q], m->xn, T, m->kq, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_K], m->xn, T, m->kk, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_V], m->xn, T, m->kv, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_G], m->xn, T, m->kg, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_B], m->xn, T, m->kb, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_FA], m->xn, T, m->kfa, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_FB], m->kfa, T, m->kz, e));
 
     const uint64_t hist = (uint64_t)idx * 3 * (CW - 1) * P, hstride = (uint64_t)(CW - 1) * P;
     short_conv(m, m->kq, m->vf[K3_W_KDA_QCONV], hist, m->kcq);
@@ -147,6 +146,6 @@ int k3_kda_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
                 out[j] = (float)((double)onorm[j] * (o[j] * r) / (1.0 + k3_exp(-(double)m->kg[off + j])));
         }
     });
-    k3_model_mm(m, &v[K3_W_KDA_O], m->ko, T, m->attn);
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_O], m->ko, T, m->attn, e));
     return 0;
 }

@@ -60,12 +60,11 @@ int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     const k3_dims *d = &m->d;
     const uint32_t MH = d->MH, NOPE = d->NOPE, ROPE = d->ROPE, VD = d->VD, QK = d->QK, KVL = d->KVL;
     const uint32_t CL = KVL + ROPE, idx = m->layer_slot[layer];
-    (void)e;
 
-    k3_model_mm(m, &v[K3_W_MLA_QA], m->xn, T, m->mqa);
+    K3_TRY(k3_model_mm(m, &v[K3_W_MLA_QA], m->xn, T, m->mqa, e));
     k3_model_rmsnorm(m->mqa, m->vf[K3_W_MLA_QA_NORM], d->QL, T, d->eps, m->mqa);
-    k3_model_mm(m, &v[K3_W_MLA_QB], m->mqa, T, m->mq);
-    k3_model_mm(m, &v[K3_W_MLA_KVA], m->xn, T, m->mc);
+    K3_TRY(k3_model_mm(m, &v[K3_W_MLA_QB], m->mqa, T, m->mq, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_MLA_KVA], m->xn, T, m->mc, e));
 
     /* each row's latent into its own session's cache at its position */
     uint64_t work = 0;
@@ -143,17 +142,17 @@ int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     });
     /* values: per head, Wvb_h . o_lat_h for the chunk's tokens */
     for (uint32_t h = 0; h < MH; h++)
-        k3_model_mm_rows(m, kvb, (uint64_t)h * kvb_rows_per_head + NOPE, VD, m->molat + (uint64_t)h * T * KVL, T,
-                         m->mov + (uint64_t)h * T * VD);
+        K3_TRY(k3_model_mm_rows(m, kvb, (uint64_t)h * kvb_rows_per_head + NOPE, VD, m->molat + (uint64_t)h * T * KVL, T,
+                         m->mov + (uint64_t)h * T * VD, e));
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < MH; h++)
             memcpy(m->mo + ((uint64_t)t * MH + h) * VD, m->mov + ((uint64_t)h * T + t) * VD, VD * sizeof(float));
     if (d->mla_gate) {
-        k3_model_mm(m, &v[K3_W_MLA_G], m->xn, T, m->mg);
+        K3_TRY(k3_model_mm(m, &v[K3_W_MLA_G], m->xn, T, m->mg, e));
         const uint64_t n = (uint64_t)T * MH * VD;
         for (uint64_t i = 0; i < n; i++)
             m->mo[i] *= k3_sigmoidf(m->mg[i]);
     }
-    k3_model_mm(m, &v[K3_W_MLA_O], m->mo, T, m->attn);
+    K3_TRY(k3_model_mm(m, &v[K3_W_MLA_O], m->mo, T, m->attn, e));
     return 0;
 }

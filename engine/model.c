@@ -84,40 +84,46 @@ static void mm_block(k3_model *m, k3_dtype dt, const void *w, uint64_t n, uint64
 
 /* Rows [row0, row0 + rows) of W into the output (see mm_block). A streamed
  * matrix comes piece by piece from the source, each piece's products written
- * to their place: the same kernel on the same rows, so the same numbers. On a
- * read failure the source keeps the error (k3_ws_status) and the output is
- * left as is. */
-static void mm_any(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T,
-                   float *Y, float *const *rowp)
+ * to their place: the same kernel on the same rows, so the same numbers. A
+ * failed read stops the product there: its error is returned (the source
+ * keeps it too, k3_ws_status) and the output is left as is. */
+static int mm_any(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T, float *Y,
+                  float *const *rowp, k3_err *e)
 {
     const uint64_t cols = view_cols(W), es = W->dtype == K3_DT_F32 ? 4 : 2;
     if (W->data || !W->src) {
         mm_block(m, W->dtype, (const uint8_t *)W->data + row0 * cols * es, rows, cols, X, T, Y, rows, rowp, 0);
-        return;
+        return 0;
     }
     for (uint64_t r = row0; r < row0 + rows;) {
         const void *p;
         uint64_t n = 0;
-        k3_err e = {0};
-        if (k3_ws_rows_acquire(W->src, W->group, (k3_wslot)W->slot, r, &n, &p, &e) < 0 || n == 0)
-            break;
+        int rc = k3_ws_rows_acquire(W->src, W->group, (k3_wslot)W->slot, r, &n, &p, e);
+        if (rc < 0)
+            return rc;
+        if (n == 0) {
+            k3_ws_rows_release(W->src, W->group, (k3_wslot)W->slot);
+            return k3_err_set(e, K3_EINTERNAL, "no rows from row %llu of %s in group %u", (unsigned long long)r,
+                              k3_wslot_name((k3_wslot)W->slot), W->group);
+        }
         if (n > row0 + rows - r)
             n = row0 + rows - r;
         mm_block(m, W->dtype, p, n, cols, X, T, Y, rows, rowp, r - row0);
         k3_ws_rows_release(W->src, W->group, (k3_wslot)W->slot);
         r += n;
     }
+    return 0;
 }
 
-void k3_model_mm_rows(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T,
-                      float *Y)
+int k3_model_mm_rows(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T,
+                     float *Y, k3_err *e)
 {
-    mm_any(m, W, row0, rows, X, T, Y, NULL);
+    return mm_any(m, W, row0, rows, X, T, Y, NULL, e);
 }
 
-void k3_model_mm(k3_model *m, const k3_view *W, const float *X, uint32_t T, float *Y)
+int k3_model_mm(k3_model *m, const k3_view *W, const float *X, uint32_t T, float *Y, k3_err *e)
 {
-    mm_any(m, W, 0, view_rows(W), X, T, Y, NULL);
+    return mm_any(m, W, 0, view_rows(W), X, T, Y, NULL, e);
 }
 
 static void rmsnorm_row(const float *x, const float *w, uint32_t n, float eps, float *y)
@@ -642,10 +648,12 @@ static int forward_pass(k3_model *m, k3_err *e)
     int one_block = 1;   /* every row's logits right after the previous row's */
     for (uint32_t i = 1; i < R && one_block; i++)
         one_block = m->head_dst[i] == m->head_dst[0] + (uint64_t)i * d->V;
-    mm_any(m, &v[K3_W_LM_HEAD], 0, d->V, m->head_x, R, one_block ? m->head_dst[0] : NULL,
-           one_block ? NULL : m->head_dst);
+    rc = mm_any(m, &v[K3_W_LM_HEAD], 0, d->V, m->head_x, R, one_block ? m->head_dst[0] : NULL,
+                one_block ? NULL : m->head_dst, e);
     k3_ws_release(m->ws, g);
-    if ((rc = k3_ws_status(m->ws, e)) < 0)
+    if (rc == 0)
+        rc = k3_ws_status(m->ws, e);
+    if (rc < 0)
         return rc;
     m->times.head += omp_get_wtime() - t0;
     return 0;

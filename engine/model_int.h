@@ -132,11 +132,21 @@ static inline float k3_situf(float g, float u, float b1, float b2)
 }
 
 /* Y[T][rows] = X[T][cols] . W^T for a BF16, F16 or F32 matrix view (T <=
- * max_chunk; outside parallel regions: it may use m->mmtmp). */
-void k3_model_mm(k3_model *m, const k3_view *W, const float *X, uint32_t T, float *Y);
+ * max_chunk; outside parallel regions: it may use m->mmtmp). 0, or the
+ * first error of a streamed matrix's read (in *e; the rest of the product is
+ * not computed and the caller returns it at once). */
+int k3_model_mm(k3_model *m, const k3_view *W, const float *X, uint32_t T, float *Y, k3_err *e);
 /* The same on a raw row range of a matrix (rows from row0). */
-void k3_model_mm_rows(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T,
-                      float *Y);
+int k3_model_mm_rows(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T,
+                     float *Y, k3_err *e);
+
+/* Return a negative status at once. */
+#define K3_TRY(x)                  \
+    do {                           \
+        int k3_try_rc = (x);       \
+        if (k3_try_rc < 0)         \
+            return k3_try_rc;      \
+    } while (0)
 /* RMSNorm of T rows of n floats (y may equal x); w may be NULL (no weight). */
 void k3_model_rmsnorm(const float *x, const float *w, uint32_t n, uint32_t T, float eps, float *y);
 

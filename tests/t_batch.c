@@ -4,7 +4,8 @@
  * exactly the tokens and logits they get alone (streamed at the floor and
  * resident, one and two threads, passes split at max_chunk); decode steps of
  * up to max_chunk sequences and beyond allocate nothing; the memory plan
- * admits as many sequences as the budget holds and refuses one more.
+ * admits as many sequences as the budget holds and refuses one more; a
+ * failed read inside a product stops the step at once with that error.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -13,8 +14,11 @@
 #include "alloc_guard.h"
 #include "k3_engine.h"
 #include "k3_gen.h"
+#include "k3_io.h"
 #include "k3_model.h"
+#include "k3_pk.h"
 #include "k3_test.h"
+#include "k3_ws.h"
 
 #define NSEQ 8
 #define CTX 64
@@ -318,4 +322,61 @@ K3_TEST(batch_run_plan_prints_the_sequence_cost_and_the_admitted_maximum)
     CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s --ids 1,2,3 --gen 4 --ram 64M --plan", dir), 0);
     CHECK(!strstr(err, "admits at most 1 of"));
     free(err);
+}
+
+/* An I/O error in the last row piece of layer 1's first matrix (KDA q,
+ * pieces of 2 KiB): the step fails with that read's error, and nothing after
+ * the failed product runs - layer 1's router never asks for an expert. */
+K3_TEST(batch_a_failed_read_inside_a_product_stops_the_step_at_once)
+{
+    const char *dir = model();
+    k3_pk *p = NULL;
+    CHECK_EQ_INT(k3_pk_open(&p, dir, 0, NULL), 0);
+    char name[256];
+    snprintf(name, sizeof name, "language_model.model.layers.1.%s", k3_wslot_name(K3_W_KDA_Q));
+    const k3_pk_tensor *t = p ? k3_pk_tensor_find(p, name) : NULL;
+    CHECK(t != NULL && t->nbytes > 4096);
+    if (!t) {
+        k3_pk_close(p);
+        return;
+    }
+    const char *path = k3_pk_file_at(p, k3_pk_unit_at(p, t->pieces[0].unit)->file)->path;
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    char fault[1024];
+    snprintf(fault, sizeof fault, "eio:%s:%llu", base, (unsigned long long)(t->pieces[0].offset + t->nbytes - 64));
+    k3_pk_close(p);
+
+    k3_err e = {0};
+    k3_engine_opts o;
+    k3_engine_opts_init(&o);
+    o.ram = "floor";
+    o.piece_bytes = 2048;
+    o.max_chunk = CHUNK;
+    k3_engine *en = NULL;
+    CHECK_EQ_INT(k3_engine_open(&en, dir, &o, &e), 0);
+    k3_engine_size sz = {CTX, 2, 0};
+    CHECK_EQ_INT(k3_engine_plan(en, &sz, NULL, &e), 0);
+    CHECK_EQ_INT(k3_engine_load(en, &e), 0);
+    const uint32_t V = k3_engine_cfg(en)->vocab_size;
+    k3_seq *a, *b;
+    CHECK_EQ_INT(k3_seq_create(&a, en, CTX, &e), 0);
+    CHECK_EQ_INT(k3_seq_create(&b, en, CTX, &e), 0);
+    float *lg = malloc(2 * (size_t)V * sizeof(float));
+    uint32_t ids[2] = {3, 1};
+    k3_step_seq st[2] = {{a, ids, 2, K3_LOGITS_LAST, lg}, {b, ids + 1, 1, K3_LOGITS_LAST, lg + V}};
+    setenv("K3_FAULT", fault, 1);
+    k3_io_fault_reset();
+    int rc = k3_engine_step(en, st, 2, &e);
+    unsetenv("K3_FAULT");
+    k3_io_fault_reset();
+    CHECK_EQ_INT(rc, K3_EIO);
+    CHECK_STR_CONTAINS(e.msg, k3_wslot_name(K3_W_KDA_Q));
+    k3_stream_stats ss;
+    CHECK_EQ_INT(k3_engine_stream_stats(en, &ss), 0);
+    CHECK_EQ_U64(ss.expert_requests, 0);
+    /* and the engine stays failed */
+    k3_err_clear(&e);
+    CHECK_EQ_INT(k3_engine_step(en, st, 2, &e), K3_EIO);
+    free(lg);
+    k3_engine_close(en);
 }
