@@ -26,6 +26,7 @@ struct k3_seq {
     k3_sess *s;
     k3_seq *next, *prev;   /* the engine's live sequences */
     uint32_t mark;         /* step duplicate check */
+    uint64_t bytes;        /* what its state takes (k3_engine_mem) */
 };
 
 struct k3_engine {
@@ -40,6 +41,10 @@ struct k3_engine {
     k3_stream_opts so;
     k3_stream_plan plan;
     k3_seq *seqs;
+    uint32_t nseqs;        /* live sequences */
+    k3_model_seq *batch;   /* a step's entries: room for every live sequence */
+    uint32_t batch_cap;
+    uint64_t seq_live;     /* bytes of the live sequences (streamed: within the plan) */
     uint32_t mark;
 };
 
@@ -187,6 +192,7 @@ void k3_engine_close(k3_engine *en)
     k3_model_close(en->m);
     k3_ws_close(en->ws);
     k3_tok_close(en->tok);
+    free(en->batch);
     free(en);
 }
 
@@ -208,6 +214,79 @@ void k3_engine_get_info(const k3_engine *en, k3_engine_info *info)
 
 /* --------------------------------------------------------- plan and load */
 
+/* What one sequence of max_ctx tokens takes (k3_sess_create): the KDA state
+ * and conv history, the MLA latents, the attention score rows. */
+static void seq_mem(const k3_cfg *c, uint32_t max_ctx, uint32_t nthreads, uint64_t *state, uint64_t *kv,
+                    uint64_t *scores)
+{
+    uint64_t scratch;
+    k3_stream_model_mem(c, 1, max_ctx, nthreads, &scratch, kv, state);
+    *scores = (uint64_t)(nthreads ? nthreads : 1) * max_ctx * sizeof(float);
+}
+
+static uint64_t seq_bytes(const k3_engine *en, uint32_t max_ctx)
+{
+    uint64_t st, kv, sc;
+    seq_mem(k3_ws_cfg(en->ws), max_ctx, (uint32_t)omp_get_max_threads(), &st, &kv, &sc);
+    return st + kv + sc;
+}
+
+/* The streamed plan for en->sz: the model's own memory counts one sequence,
+ * extra_bytes every further one. K3_ENGINE_SEQS_FIT: first the plan for one,
+ * then for as many as the budget's room above that floor holds. */
+static int plan_stream(k3_engine *en, k3_err *e)
+{
+    k3_stream_opts *so = &en->so;
+    const uint64_t caller = so->extra_bytes, per = seq_bytes(en, en->sz.max_ctx);
+    int fit = en->sz.max_seqs == K3_ENGINE_SEQS_FIT;
+    if (fit) {
+        en->sz.max_seqs = 1;
+        if (!so->baseline)   /* both plans from the same measured RSS */
+            so->baseline = k3_stream_rss_now();
+    }
+    for (;;) {
+        so->extra_bytes = caller + (uint64_t)(en->sz.max_seqs - 1) * per;
+        int rc = k3_ws_stream_plan(en->ws, so, &en->plan, e);
+        if (rc == K3_EBUDGET && en->from_layout && !en->fell_to_floor) {
+            /* packed for another session shape (context, threads): its floor */
+            k3_err_clear(e);
+            en->fell_to_floor = 1;
+            so->budget = K3_STREAM_FLOOR;
+            rc = k3_ws_stream_plan(en->ws, so, &en->plan, e);
+        }
+        if (rc < 0 || !fit)
+            return rc;
+        fit = 0;
+        uint64_t more = (en->plan.budget - en->plan.floor) / per;
+        if (more == 0)
+            return 0;
+        if (more > UINT32_MAX / 2)
+            more = UINT32_MAX / 2;
+        /* the budget resolved from a preset is kept as bytes */
+        so->budget = en->plan.budget;
+        en->sz.max_seqs += (uint32_t)more;
+    }
+}
+
+int k3_engine_mem_get(const k3_engine *en, k3_engine_mem *out, k3_err *e)
+{
+    memset(out, 0, sizeof *out);
+    if (!en->planned)
+        return k3_err_set(e, K3_EARG, "k3_engine_mem_get: no plan yet (k3_engine_plan or k3_engine_load)");
+    seq_mem(k3_ws_cfg(en->ws), en->sz.max_ctx, (uint32_t)omp_get_max_threads(), &out->seq_state, &out->seq_kv,
+            &out->seq_scores);
+    out->seq_bytes = out->seq_state + out->seq_kv + out->seq_scores;
+    out->max_ctx = en->sz.max_ctx;
+    out->planned_seqs = en->sz.max_seqs;
+    out->live_seqs = en->nseqs;
+    out->live_bytes = en->seq_live;
+    if (en->streams && out->seq_bytes) {
+        uint64_t n = en->sz.max_seqs + (en->plan.budget - en->plan.floor) / out->seq_bytes;
+        out->max_seqs = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+    }
+    return 0;
+}
+
 int k3_engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan **plan, k3_err *e)
 {
     if (plan)
@@ -224,7 +303,6 @@ int k3_engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan
     if (!en->sz.max_seqs)
         en->sz.max_seqs = 1;
     if (en->streams) {
-        const k3_cfg *c = k3_ws_cfg(en->ws);
         k3_stream_opts *so = &en->so;
         k3_stream_opts_init(so);
         so->budget = en->budget;
@@ -235,19 +313,7 @@ int k3_engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan
         so->trunk_crc = en->o.trunk_crc;
         so->piece_bytes = en->o.piece_bytes;
         so->extra_bytes = en->sz.extra_bytes;
-        if (en->sz.max_seqs > 1) {   /* every further sequence's state and cache */
-            uint64_t scratch, kv, state;
-            k3_stream_model_mem(c, so->max_chunk, so->max_ctx, so->nthreads, &scratch, &kv, &state);
-            so->extra_bytes += (uint64_t)(en->sz.max_seqs - 1) * (kv + state);
-        }
-        int rc = k3_ws_stream_plan(en->ws, so, &en->plan, e);
-        if (rc == K3_EBUDGET && en->from_layout) {
-            /* packed for another session shape (context, threads): its floor */
-            k3_err_clear(e);
-            en->fell_to_floor = 1;
-            so->budget = K3_STREAM_FLOOR;
-            rc = k3_ws_stream_plan(en->ws, so, &en->plan, e);
-        }
+        int rc = plan_stream(en, e);
         if (rc == 0)
             rc = k3_stream_plan_check_memory(&en->plan, e);   /* before anything big is mapped */
         if (rc < 0)
@@ -298,6 +364,26 @@ int k3_seq_create(k3_seq **out, k3_engine *en, uint32_t max_ctx, k3_err *e)
     *out = NULL;
     if (!en->loaded)
         return k3_err_set(e, K3_EARG, "k3_seq_create: the engine is not loaded (k3_engine_load)");
+    const uint64_t need = max_ctx ? seq_bytes(en, max_ctx) : 0;
+    if (en->streams) {
+        /* never past the budget: the live sequences stay within what the
+         * plan counts for them */
+        const uint64_t room = (uint64_t)en->sz.max_seqs * seq_bytes(en, en->sz.max_ctx);
+        if (en->seq_live + need > room)
+            return k3_err_set(e, K3_EBUDGET,
+                              "a sequence of %u tokens needs %llu bytes; the memory plan counts %u sequence(s) of "
+                              "%u tokens (%llu bytes) and %u live ones take %llu",
+                              max_ctx, (unsigned long long)need, en->sz.max_seqs, en->sz.max_ctx,
+                              (unsigned long long)room, en->nseqs, (unsigned long long)en->seq_live);
+    }
+    if (en->nseqs + 1 > en->batch_cap) {   /* room for a step with every live sequence */
+        uint32_t cap = en->batch_cap ? 2 * en->batch_cap : 8;
+        k3_model_seq *b = realloc(en->batch, (size_t)cap * sizeof *b);
+        if (!b)
+            return k3_err_set(e, K3_ENOMEM, "out of memory creating a sequence");
+        en->batch = b;
+        en->batch_cap = cap;
+    }
     k3_seq *q = calloc(1, sizeof *q);
     if (!q)
         return k3_err_set(e, K3_ENOMEM, "out of memory creating a sequence");
@@ -307,6 +393,9 @@ int k3_seq_create(k3_seq **out, k3_engine *en, uint32_t max_ctx, k3_err *e)
         return rc;
     }
     q->en = en;
+    q->bytes = need;
+    en->nseqs++;
+    en->seq_live += need;
     q->next = en->seqs;
     if (en->seqs)
         en->seqs->prev = q;
@@ -325,6 +414,8 @@ void k3_seq_free(k3_seq *q)
         q->en->seqs = q->next;
     if (q->next)
         q->next->prev = q->prev;
+    q->en->nseqs--;
+    q->en->seq_live -= q->bytes;
     k3_sess_free(q->s);
     free(q);
 }
@@ -386,14 +477,12 @@ int k3_engine_step(k3_engine *en, const k3_step_seq *seqs, uint32_t n, k3_err *e
             return k3_err_set(e, K3_ELIMIT, "context full: %u + %u tokens exceed the sequence's %u", pos, q->n,
                               k3_sess_max_ctx(q->seq->s));
     }
-    /* One sequence after the other: each gets exactly its own bits. */
-    for (uint32_t i = 0; i < n; i++) {
-        const k3_step_seq *q = &seqs[i];
-        int rc = k3_model_forward(en->m, q->seq->s, q->ids, q->n, q->logits, q->out, e);
-        if (rc < 0)
-            return rc;
-    }
-    return 0;
+    /* One batch: each weight read once per pass for all of them, each
+     * sequence still getting exactly its own bits. n <= live sequences (each
+     * at most once), so the entries fit without allocating. */
+    for (uint32_t i = 0; i < n; i++)
+        en->batch[i] = (k3_model_seq){seqs[i].seq->s, seqs[i].ids, seqs[i].n, seqs[i].logits, seqs[i].out};
+    return k3_model_forward_batch(en->m, en->batch, n, e);
 }
 
 /* ----------------------------------------------------------- generation */

@@ -1,12 +1,13 @@
 /*
- * kda.c - the Kimi Delta Attention layer (docs/MODEL.md §1.4) over a chunk of tokens.
+ * kda.c - the Kimi Delta Attention layer (docs/MODEL.md §1.4) over a pass of tokens.
  *
- * Projections are applied to the whole chunk at once; the short causal conv
- * and the delta-rule recurrence then run token by token, in position order,
- * carrying the session's state (conv history: the last conv-1 projected
- * inputs of q, k, v; recurrent state: one D x D matrix per head, rows = key
- * channels). Heads are independent and are split across threads; within a
- * head every loop has one fixed order and everything except the stored state
+ * Projections are applied to the whole pass at once (every segment's rows);
+ * the short causal conv and the delta-rule recurrence then run per segment,
+ * token by token, in position order, carrying its session's state (conv
+ * history: the last conv-1 projected inputs of q, k, v; recurrent state: one
+ * D x D matrix per head, rows = key channels). (Segment, head) pairs are
+ * independent and are split across threads; within a head every loop has
+ * one fixed order and everything except the stored state
  * is double:
  *   conv   = sum_i w[i] * x[t-CW+1+i]               i ascending, then SiLU
  *   q, k   = x / sqrt(sum x^2 + 1e-6)               sums i ascending; q also * D^-0.5
@@ -32,62 +33,70 @@
 #include "k3_kern.h"
 #include "model_int.h"
 
-/* y = SiLU(causal depthwise conv) for T tokens of P channels; hist holds the
- * CW-1 previous inputs (oldest first) and is advanced past the chunk. */
-static void short_conv(const float *in, const float *w, float *hist, uint32_t T, uint32_t P, uint32_t CW,
-                       float *y)
+/* y = SiLU(causal depthwise conv) for the pass's rows of P channels, each
+ * segment on its own history (the CW-1 previous inputs, oldest first, at
+ * hist_off floats into its session's conv_hist), advanced past its rows. */
+static void short_conv(const k3_model *m, const float *in, const float *w, uint64_t hist_off, float *y)
 {
-    const uint32_t HW = CW - 1;
-    K3_PAR_FOR((uint64_t)P * T * CW > K3_PAR_MIN,
+    const uint32_t P = m->d.P, CW = m->d.CW, HW = CW - 1;
+    K3_PAR_FOR((uint64_t)P * m->rows * CW > K3_PAR_MIN,
     for (uint32_t c = 0; c < P; c++) {
-        for (uint32_t t = 0; t < T; t++) {
-            double acc = 0.0;
-            for (uint32_t i = 0; i < CW; i++) {
-                int64_t tau = (int64_t)t - (int64_t)HW + i;
-                float x = tau >= 0 ? in[(uint64_t)tau * P + c] : hist[(uint64_t)(HW + tau) * P + c];
-                acc += (double)w[(uint64_t)c * CW + i] * (double)x;
+        for (uint32_t g = 0; g < m->nseg; g++) {
+            const k3_seg *sg = &m->segs[g];
+            float *hist = sg->s->conv_hist + hist_off;
+            const float *x0 = in + (uint64_t)sg->row * P;
+            float *y0 = y + (uint64_t)sg->row * P;
+            const uint32_t T = sg->n;
+            for (uint32_t t = 0; t < T; t++) {
+                double acc = 0.0;
+                for (uint32_t i = 0; i < CW; i++) {
+                    int64_t tau = (int64_t)t - (int64_t)HW + i;
+                    float x = tau >= 0 ? x0[(uint64_t)tau * P + c] : hist[(uint64_t)(HW + tau) * P + c];
+                    acc += (double)w[(uint64_t)c * CW + i] * (double)x;
+                }
+                y0[(uint64_t)t * P + c] = (float)(acc / (1.0 + k3_exp(-acc)));
             }
-            y[(uint64_t)t * P + c] = (float)(acc / (1.0 + k3_exp(-acc)));
-        }
-        /* new history: the last HW inputs of (hist, in); reads stay ahead of writes */
-        for (uint32_t k = 0; k < HW; k++) {
-            int64_t tau = (int64_t)T - (int64_t)HW + k;
-            hist[(uint64_t)k * P + c] = tau >= 0 ? in[(uint64_t)tau * P + c] : hist[(uint64_t)(HW + tau) * P + c];
+            /* new history: the last HW inputs of (hist, in); reads stay ahead of writes */
+            for (uint32_t k = 0; k < HW; k++) {
+                int64_t tau = (int64_t)T - (int64_t)HW + k;
+                hist[(uint64_t)k * P + c] =
+                    tau >= 0 ? x0[(uint64_t)tau * P + c] : hist[(uint64_t)(HW + tau) * P + c];
+            }
         }
     });
 }
 
-int k3_kda_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e)
+int k3_kda_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e)
 {
     const k3_dims *d = &m->d;
     const uint32_t H = d->H, D = d->D, P = d->P, CW = d->CW;
     const uint32_t idx = m->layer_slot[layer];
-    (void)e;
 
-    k3_model_mm(&v[K3_W_KDA_Q], m->xn, T, m->kq);
-    k3_model_mm(&v[K3_W_KDA_K], m->xn, T, m->kk);
-    k3_model_mm(&v[K3_W_KDA_V], m->xn, T, m->kv);
-    k3_model_mm(&v[K3_W_KDA_G], m->xn, T, m->kg);
-    k3_model_mm(&v[K3_W_KDA_B], m->xn, T, m->kb);
-    k3_model_mm(&v[K3_W_KDA_FA], m->xn, T, m->kfa);
-    k3_model_mm(&v[K3_W_KDA_FB], m->kfa, T, m->kz);
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_Q], m->xn, T, m->kq, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_K], m->xn, T, m->kk, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_V], m->xn, T, m->kv, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_G], m->xn, T, m->kg, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_B], m->xn, T, m->kb, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_FA], m->xn, T, m->kfa, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_FB], m->kfa, T, m->kz, e));
 
-    float *hist = s->conv_hist + (uint64_t)idx * 3 * (CW - 1) * P;
-    const uint64_t hstride = (uint64_t)(CW - 1) * P;
-    short_conv(m->kq, m->vf[K3_W_KDA_QCONV], hist, T, P, CW, m->kcq);
-    short_conv(m->kk, m->vf[K3_W_KDA_KCONV], hist + hstride, T, P, CW, m->kck);
-    short_conv(m->kv, m->vf[K3_W_KDA_VCONV], hist + 2 * hstride, T, P, CW, m->kcv);
+    const uint64_t hist = (uint64_t)idx * 3 * (CW - 1) * P, hstride = (uint64_t)(CW - 1) * P;
+    short_conv(m, m->kq, m->vf[K3_W_KDA_QCONV], hist, m->kcq);
+    short_conv(m, m->kk, m->vf[K3_W_KDA_KCONV], hist + hstride, m->kck);
+    short_conv(m, m->kv, m->vf[K3_W_KDA_VCONV], hist + 2 * hstride, m->kcv);
 
     const float *alog = m->vf[K3_W_KDA_ALOG], *dtb = m->vf[K3_W_KDA_DTBIAS], *onorm = m->vf[K3_W_KDA_ONORM];
     const double lb = (double)d->lb, eps = (double)d->eps, qscale = 1.0 / sqrt((double)D);
-    float *state = s->kda_state + (uint64_t)idx * H * D * D;
+    const uint32_t units = m->nseg * H;   /* (segment, head): independent recurrences */
 
     K3_PAR_FOR((uint64_t)H * T * D * D > K3_PAR_MIN,
-    for (uint32_t h = 0; h < H; h++) {
+    for (uint32_t un = 0; un < units; un++) {
+        const k3_seg *sg = &m->segs[un / H];
+        const uint32_t h = un % H;
         double q[D], k[D], decay[D], dl[D], u[D], o[D];
-        float *S = state + (uint64_t)h * D * D;
+        float *S = sg->s->kda_state + ((uint64_t)idx * H + h) * D * D;
         const double ah = k3_exp((double)alog[h]);
-        for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t t = sg->row; t < sg->row + sg->n; t++) {
             const uint64_t off = (uint64_t)t * P + (uint64_t)h * D;
             const float *qf = m->kcq + off, *kf = m->kck + off, *vf = m->kcv + off;
             double sq = 0.0, sk = 0.0;
@@ -137,6 +146,6 @@ int k3_kda_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
                 out[j] = (float)((double)onorm[j] * (o[j] * r) / (1.0 + k3_exp(-(double)m->kg[off + j])));
         }
     });
-    k3_model_mm(&v[K3_W_KDA_O], m->ko, T, m->attn);
+    K3_TRY(k3_model_mm(m, &v[K3_W_KDA_O], m->ko, T, m->attn, e));
     return 0;
 }

@@ -1,5 +1,5 @@
 /*
- * mla.c - gated multi-head latent attention, NoPE (docs/MODEL.md §1.4), over a chunk.
+ * mla.c - gated multi-head latent attention, NoPE (docs/MODEL.md §1.4), over a pass.
  *
  * Cache: per position only the latent after kv_a_layernorm (kv_lora floats)
  * and the shared rope key (rope floats). k/v are never expanded per position:
@@ -10,8 +10,9 @@
  *   o_lat_h[c] = sum_s p_s * lat_s[c]                     s ascending, float
  *   o_h        = Wvb_h . o_lat_h                          (k3 kernel)
  * dot() is k3_mla_dot: eight interleaved float partial sums combined in a fixed
- * tree. Every (token, head) pair is independent and is one unit of parallel
- * work.
+ * tree. Every (row, head) pair is independent and is one unit of parallel
+ * work; a row attends over its own session's cache (the segment it belongs
+ * to, m->rowseg), never another's.
  */
 #include <omp.h>
 #include <string.h>
@@ -54,24 +55,29 @@ static float k3_mla_dot(const float *a, const float *b, uint32_t n)
     return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
 }
 
-int k3_mla_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e)
+int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e)
 {
     const k3_dims *d = &m->d;
     const uint32_t MH = d->MH, NOPE = d->NOPE, ROPE = d->ROPE, VD = d->VD, QK = d->QK, KVL = d->KVL;
-    const uint32_t CL = KVL + ROPE, idx = m->layer_slot[layer], pos0 = s->pos;
-    (void)e;
+    const uint32_t CL = KVL + ROPE, idx = m->layer_slot[layer];
 
-    k3_model_mm(&v[K3_W_MLA_QA], m->xn, T, m->mqa);
+    K3_TRY(k3_model_mm(m, &v[K3_W_MLA_QA], m->xn, T, m->mqa, e));
     k3_model_rmsnorm(m->mqa, m->vf[K3_W_MLA_QA_NORM], d->QL, T, d->eps, m->mqa);
-    k3_model_mm(&v[K3_W_MLA_QB], m->mqa, T, m->mq);
-    k3_model_mm(&v[K3_W_MLA_KVA], m->xn, T, m->mc);
+    K3_TRY(k3_model_mm(m, &v[K3_W_MLA_QB], m->mqa, T, m->mq, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_MLA_KVA], m->xn, T, m->mc, e));
 
-    float *cache = s->mla_cache + (uint64_t)idx * s->max_ctx * CL;
-    for (uint32_t t = 0; t < T; t++) {
-        float *dst = cache + (uint64_t)(pos0 + t) * CL;
-        const float *c = m->mc + (uint64_t)t * CL;
-        k3_model_rmsnorm(c, m->vf[K3_W_MLA_KVA_NORM], KVL, 1, d->eps, dst);
-        memcpy(dst + KVL, c + KVL, ROPE * sizeof(float));
+    /* each row's latent into its own session's cache at its position */
+    uint64_t work = 0;
+    for (uint32_t g = 0; g < m->nseg; g++) {
+        const k3_seg *sg = &m->segs[g];
+        float *cache = sg->s->mla_cache + (uint64_t)idx * sg->s->max_ctx * CL;
+        for (uint32_t t = 0; t < sg->n; t++) {
+            float *dst = cache + (uint64_t)(sg->s->pos + t) * CL;
+            const float *c = m->mc + (uint64_t)(sg->row + t) * CL;
+            k3_model_rmsnorm(c, m->vf[K3_W_MLA_KVA_NORM], KVL, 1, d->eps, dst);
+            memcpy(dst + KVL, c + KVL, ROPE * sizeof(float));
+        }
+        work += (uint64_t)sg->n * MH * (sg->s->pos + sg->n) * CL;
     }
 
     const k3_view *kvb = &v[K3_W_MLA_KVB];
@@ -79,9 +85,12 @@ int k3_mla_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
     const float scale = 1.0f / sqrtf((float)QK);
     const uint32_t pairs = T * MH;
 
-    K3_PAR_FOR_DYNAMIC((uint64_t)pairs * (pos0 + T) * CL > K3_PAR_MIN, m->nthreads,
+    K3_PAR_FOR_DYNAMIC(work > K3_PAR_MIN, m->nthreads,
     for (uint32_t pi = 0; pi < pairs; pi++) {
         const uint32_t t = pi / MH, h = pi % MH;
+        const k3_seg *sg = &m->segs[m->rowseg[t]];
+        const k3_sess *s = sg->s;
+        const float *cache = s->mla_cache + (uint64_t)idx * s->max_ctx * CL;
         const float *q = m->mq + (uint64_t)t * MH * QK + (uint64_t)h * QK;
         float *ql = m->mqlat + ((uint64_t)t * MH + h) * KVL;
         /* absorb the key half of W_kv_b into the query */
@@ -105,7 +114,7 @@ int k3_mla_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
             }
         }
         /* scores over positions 0..pos0+t */
-        const uint32_t n = pos0 + t + 1;
+        const uint32_t n = s->pos + (t - sg->row) + 1;
         float *sc = s->scores + (uint64_t)omp_get_thread_num() * s->max_ctx;
         float mx = -INFINITY;
         for (uint32_t p = 0; p < n; p++) {
@@ -133,17 +142,17 @@ int k3_mla_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, ui
     });
     /* values: per head, Wvb_h . o_lat_h for the chunk's tokens */
     for (uint32_t h = 0; h < MH; h++)
-        k3_model_mm_rows(kvb, (uint64_t)h * kvb_rows_per_head + NOPE, VD, m->molat + (uint64_t)h * T * KVL, T,
-                         m->mov + (uint64_t)h * T * VD);
+        K3_TRY(k3_model_mm_rows(m, kvb, (uint64_t)h * kvb_rows_per_head + NOPE, VD, m->molat + (uint64_t)h * T * KVL, T,
+                         m->mov + (uint64_t)h * T * VD, e));
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < MH; h++)
             memcpy(m->mo + ((uint64_t)t * MH + h) * VD, m->mov + ((uint64_t)h * T + t) * VD, VD * sizeof(float));
     if (d->mla_gate) {
-        k3_model_mm(&v[K3_W_MLA_G], m->xn, T, m->mg);
+        K3_TRY(k3_model_mm(m, &v[K3_W_MLA_G], m->xn, T, m->mg, e));
         const uint64_t n = (uint64_t)T * MH * VD;
         for (uint64_t i = 0; i < n; i++)
             m->mo[i] *= k3_sigmoidf(m->mg[i]);
     }
-    k3_model_mm(&v[K3_W_MLA_O], m->mo, T, m->attn);
+    K3_TRY(k3_model_mm(m, &v[K3_W_MLA_O], m->mo, T, m->attn, e));
     return 0;
 }

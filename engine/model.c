@@ -13,6 +13,14 @@
  *    fixed order independent of T and of the thread count); F32 matrices
  *    (accepted for small tensors) by a plain column-ascending float loop.
  * Work is split over tokens or rows only, never inside a reduction.
+ *
+ * Batches (k3_model_forward_batch): the tokens of several sessions are laid
+ * end to end in passes of at most max_chunk rows; every reduction above is
+ * per row (a row's norm, residual mix, routing, top-k sum and products see
+ * only that row), so a row's bits do not depend on which rows share its
+ * pass. A product whose output rows are not one block goes through
+ * m->mmtmp in row blocks (mm_block): the kernel's per-output order is
+ * independent of the row range too.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -34,72 +42,88 @@ static uint64_t view_cols(const k3_view *v)
     return r ? n / r : 0;
 }
 
-/* A streamed matrix: the rows piece by piece from the source, each piece's
- * products written to their place in Y ([T][rows]). The same kernel on the
- * same rows: per output element the same order, so the same numbers. On a
- * read failure the source keeps the error (k3_ws_status) and Y is left as is. */
-static void mm_streamed(const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T, float *Y)
+/* One kernel call: Y[t*rows + r] = row r of W (rows x cols at w) . X[t]. */
+static void kern(k3_dtype dt, const void *w, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y)
 {
-    float *tmp = NULL;
-    uint64_t cap = 0;
+    /* every trunk dtype through its kernel: one contract (include/k3_kern.h) */
+    const int st = omp_in_parallel();
+    if (dt == K3_DT_BF16)
+        (st ? k3_gemm_bf16_st : k3_gemm_bf16)((const uint16_t *)w, rows, cols, X, T, Y);
+    else if (dt == K3_DT_F16)
+        (st ? k3_gemm_f16_st : k3_gemm_f16)((const uint16_t *)w, rows, cols, X, T, Y);
+    else
+        (st ? k3_gemm_f32_st : k3_gemm_f32)((const float *)w, rows, cols, X, T, Y);
+}
+
+/* n rows of a matrix held in memory at w into the output columns [col, col
+ * + n) of every row t: Y + t * ldy, or rowp[t] when rowp is set (the head's
+ * rows going to each sequence's own buffer). When the output rows are not
+ * one [T][n] block the rows go through m->mmtmp in blocks of K3_MM_BLOCK:
+ * the kernel's per-output order depends on neither the row range nor T, so
+ * the same numbers, and nothing is allocated. */
+static void mm_block(k3_model *m, k3_dtype dt, const void *w, uint64_t n, uint64_t cols, const float *X, uint32_t T,
+                     float *Y, uint64_t ldy, float *const *rowp, uint64_t col)
+{
+    if (T == 1) {
+        kern(dt, w, n, cols, X, 1, (rowp ? rowp[0] : Y) + col);
+        return;
+    }
+    if (!rowp && ldy == n && col == 0) {
+        kern(dt, w, n, cols, X, T, Y);
+        return;
+    }
+    const uint64_t es = dt == K3_DT_F32 ? 4 : 2, step = K3_MM_BLOCK;
+    for (uint64_t b = 0; b < n; b += step) {
+        uint64_t nb = n - b < step ? n - b : step;
+        kern(dt, (const uint8_t *)w + b * cols * es, nb, cols, X, T, m->mmtmp);
+        for (uint32_t t = 0; t < T; t++)
+            memcpy((rowp ? rowp[t] : Y + (uint64_t)t * ldy) + col + b, m->mmtmp + (uint64_t)t * nb,
+                   nb * sizeof(float));
+    }
+}
+
+/* Rows [row0, row0 + rows) of W into the output (see mm_block). A streamed
+ * matrix comes piece by piece from the source, each piece's products written
+ * to their place: the same kernel on the same rows, so the same numbers. A
+ * failed read stops the product there: its error is returned (the source
+ * keeps it too, k3_ws_status) and the output is left as is. */
+static int mm_any(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T, float *Y,
+                  float *const *rowp, k3_err *e)
+{
+    const uint64_t cols = view_cols(W), es = W->dtype == K3_DT_F32 ? 4 : 2;
+    if (W->data || !W->src) {
+        mm_block(m, W->dtype, (const uint8_t *)W->data + row0 * cols * es, rows, cols, X, T, Y, rows, rowp, 0);
+        return 0;
+    }
     for (uint64_t r = row0; r < row0 + rows;) {
         const void *p;
         uint64_t n = 0;
-        k3_err e = {0};
-        if (k3_ws_rows_acquire(W->src, W->group, (k3_wslot)W->slot, r, &n, &p, &e) < 0 || n == 0)
-            break;
+        int rc = k3_ws_rows_acquire(W->src, W->group, (k3_wslot)W->slot, r, &n, &p, e);
+        if (rc < 0)
+            return rc;
+        if (n == 0) {
+            k3_ws_rows_release(W->src, W->group, (k3_wslot)W->slot);
+            return k3_err_set(e, K3_EINTERNAL, "no rows from row %llu of %s in group %u", (unsigned long long)r,
+                              k3_wslot_name((k3_wslot)W->slot), W->group);
+        }
         if (n > row0 + rows - r)
             n = row0 + rows - r;
-        k3_view piece = *W;
-        piece.src = NULL;
-        piece.data = p;
-        piece.shape[0] = n;
-        if (T == 1) {
-            k3_model_mm_rows(&piece, 0, n, X, 1, Y + (r - row0));
-        } else {
-            if (n > cap) {   /* prompt chunks only: decode (T = 1) never allocates */
-                float *t2 = realloc(tmp, (size_t)T * n * sizeof(float));
-                if (!t2) {
-                    k3_ws_rows_release(W->src, W->group, (k3_wslot)W->slot);
-                    break;
-                }
-                tmp = t2;
-                cap = n;
-            }
-            k3_model_mm_rows(&piece, 0, n, X, T, tmp);
-            for (uint32_t t = 0; t < T; t++)
-                memcpy(Y + (uint64_t)t * rows + (r - row0), tmp + (uint64_t)t * n, n * sizeof(float));
-        }
+        mm_block(m, W->dtype, p, n, cols, X, T, Y, rows, rowp, r - row0);
         k3_ws_rows_release(W->src, W->group, (k3_wslot)W->slot);
         r += n;
     }
-    free(tmp);
+    return 0;
 }
 
-void k3_model_mm_rows(const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T, float *Y)
+int k3_model_mm_rows(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T,
+                     float *Y, k3_err *e)
 {
-    if (!W->data && W->src) {
-        mm_streamed(W, row0, rows, X, T, Y);
-        return;
-    }
-    uint64_t cols = view_cols(W);
-    /* every trunk dtype through its kernel: one contract (include/k3_kern.h) */
-    const int st = omp_in_parallel();
-    if (W->dtype == K3_DT_BF16) {
-        const uint16_t *w = (const uint16_t *)W->data + row0 * cols;
-        (st ? k3_gemm_bf16_st : k3_gemm_bf16)(w, rows, cols, X, T, Y);
-    } else if (W->dtype == K3_DT_F16) {
-        const uint16_t *w = (const uint16_t *)W->data + row0 * cols;
-        (st ? k3_gemm_f16_st : k3_gemm_f16)(w, rows, cols, X, T, Y);
-    } else {
-        const float *w = (const float *)W->data + row0 * cols;
-        (st ? k3_gemm_f32_st : k3_gemm_f32)(w, rows, cols, X, T, Y);
-    }
+    return mm_any(m, W, row0, rows, X, T, Y, NULL, e);
 }
 
-void k3_model_mm(const k3_view *W, const float *X, uint32_t T, float *Y)
+int k3_model_mm(k3_model *m, const k3_view *W, const float *X, uint32_t T, float *Y, k3_err *e)
 {
-    k3_model_mm_rows(W, 0, view_rows(W), X, T, Y);
+    return mm_any(m, W, 0, view_rows(W), X, T, Y, NULL, e);
 }
 
 static void rmsnorm_row(const float *x, const float *w, uint32_t n, float eps, float *y)
@@ -388,6 +412,12 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
         if (!m->eviews)
             bad = 1;
     }
+    m->mmtmp = falloc(T * K3_MM_BLOCK, &bad);
+    m->segs = calloc(T, sizeof(k3_seg));
+    m->head_dst = calloc(T, sizeof(float *));
+    if (!m->segs || !m->head_dst)
+        bad = 1;
+    m->rowseg = ualloc(T, &bad); m->ids = ualloc(T, &bad); m->head_row = ualloc(T, &bad);
     if (bad) {
         k3_model_close(m);
         return k3_err_set(e, K3_ENOMEM, "out of memory sizing the scratch for chunks of %llu tokens",
@@ -404,10 +434,12 @@ void k3_model_close(k3_model *m)
     float *fs[] = {m->smalls, m->f_sa, m->f_mlp, m->f_out, m->h, m->prefix, m->stack, m->xn, m->attn,
                    m->mlp, m->head_x, m->kq, m->kk, m->kv, m->kg, m->kb, m->kfa, m->kz, m->kcq, m->kck,
                    m->kcv, m->ko, m->mqa, m->mq, m->mc, m->mqlat, m->molat, m->mov, m->mo, m->mg,
-                   m->dg, m->du, m->rs, m->rw, m->mz, m->mx, m->m1, m->m3, m->my, m->mout, m->macc, m->mup};
+                   m->dg, m->du, m->rs, m->rw, m->mz, m->mx, m->m1, m->m3, m->my, m->mout, m->macc, m->mup,
+                   m->mmtmp};
     for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++)
         free(fs[i]);
     free(m->rsel); free(m->eids); free(m->ecount); free(m->etok); free(m->eslot); free(m->eviews);
+    free(m->segs); free(m->head_dst); free(m->rowseg); free(m->ids); free(m->head_row);
     free(m->layer_slot);
     free(m->layer_s);
     free(m);
@@ -480,9 +512,9 @@ uint32_t k3_sess_max_ctx(const k3_sess *s) { return s->max_ctx; }
 
 /* --------------------------------------------------------------- forward */
 
-/* out[t] = AttnRes over (stack[0..ns) row first+t, last[t]) with query f, for
- * T tokens. */
-static void attn_res(const k3_model *m, uint32_t ns, uint32_t first, const float *last, const float *f,
+/* out[t] = AttnRes over (stack[0..ns) row r, last row r) with query f, for
+ * T rows r = rows[t] (rows NULL: r = t). */
+static void attn_res(const k3_model *m, uint32_t ns, const uint32_t *rows, const float *last, const float *f,
                      uint32_t T, float *out)
 {
     const uint32_t E = m->d.E;
@@ -492,10 +524,11 @@ static void attn_res(const k3_model *m, uint32_t ns, uint32_t first, const float
     for (uint32_t t = 0; t < T; t++) {
         float sc[K3_CFG_MAX_LAYERS + 1];
         const float *src[K3_CFG_MAX_LAYERS + 1];
+        const uint64_t r = rows ? rows[t] : t;
         uint32_t n = ns + 1;
         for (uint32_t i = 0; i < ns; i++)
-            src[i] = m->stack + i * stride + (uint64_t)(first + t) * E;
-        src[ns] = last + (uint64_t)t * E;
+            src[i] = m->stack + i * stride + r * E;
+        src[ns] = last + r * E;
         float mx = -INFINITY;
         for (uint32_t i = 0; i < n; i++) {
             double dot = 0.0, ss = 0.0;
@@ -530,13 +563,16 @@ static void vadd(float *a, const float *b, uint64_t n)
         a[i] += b[i];
 }
 
-static int forward_chunk(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t T, int which, float *logits,
-                         k3_err *e)
+/* One pass over the weights for the rows m->segs lays out (m->rows of them,
+ * ids in m->ids); then the head for the m->nhead rows m->head_row, row i's
+ * logits to m->head_dst[i]. */
+static int forward_pass(k3_model *m, k3_err *e)
 {
     const k3_dims *d = &m->d;
+    const uint32_t T = m->rows;
     const uint64_t TE = (uint64_t)T * d->E, stride = (uint64_t)m->max_chunk * d->E;
     double t0 = omp_get_wtime();
-    int rc = k3_ws_embed(m->ws, ids, T, m->h, e);
+    int rc = k3_ws_embed(m->ws, m->ids, T, m->h, e);
     if (rc < 0)
         return rc;
     double t1 = omp_get_wtime();
@@ -551,7 +587,7 @@ static int forward_chunk(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t 
         load_smalls(m, v);
         memcpy(m->prefix, m->h, TE * sizeof(float));
         if (ns)
-            attn_res(m, ns, 0, m->prefix, m->f_sa, T, m->h);
+            attn_res(m, ns, NULL, m->prefix, m->f_sa, T, m->h);
         int prefix_none = 0;
         if (L % d->B == 0) {
             memcpy(m->stack + ns * stride, m->prefix, TE * sizeof(float));
@@ -561,7 +597,7 @@ static int forward_chunk(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t 
         k3_model_rmsnorm(m->h, m->vf[K3_W_INPUT_NORM], d->E, T, d->eps, m->xn);
         t0 = omp_get_wtime();
         int mla = k3_cfg_layer_is_mla(&m->cfg, L);
-        rc = mla ? k3_mla_forward(m, s, L, v, T, e) : k3_kda_forward(m, s, L, v, T, e);
+        rc = mla ? k3_mla_forward(m, L, v, T, e) : k3_kda_forward(m, L, v, T, e);
         if (rc < 0) {
             k3_ws_release(m->ws, L);
             return rc;
@@ -575,7 +611,7 @@ static int forward_chunk(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t 
             memcpy(m->prefix, m->attn, TE * sizeof(float));
         else
             vadd(m->prefix, m->attn, TE);
-        attn_res(m, ns, 0, m->prefix, m->f_mlp, T, m->h);
+        attn_res(m, ns, NULL, m->prefix, m->f_mlp, T, m->h);
         k3_model_rmsnorm(m->h, m->vf[K3_W_POST_NORM], d->E, T, d->eps, m->xn);
         int dense = k3_cfg_layer_is_dense(&m->cfg, L);
         t0 = omp_get_wtime();
@@ -594,8 +630,10 @@ static int forward_chunk(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t 
         vadd(m->h, m->mlp, TE);
         m->layer_s[L] += omp_get_wtime() - tl0;
     }
-    s->pos += T;
-    if (!logits)
+    for (uint32_t g = 0; g < m->nseg; g++)
+        m->segs[g].s->pos += m->segs[g].n;
+    const uint32_t R = m->nhead;
+    if (R == 0)
         return 0;
     t0 = omp_get_wtime();
     uint32_t g = K3_WS_HEAD(&m->cfg);
@@ -604,48 +642,91 @@ static int forward_chunk(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t 
     if (rc < 0)
         return rc;
     load_smalls(m, v);
-    /* Only the rows we need: the head is the largest matrix of the model. */
-    uint32_t first = which == K3_LOGITS_ALL ? 0 : T - 1, rows = T - first;
-    const float *hin = m->h + (uint64_t)first * d->E;
-    attn_res(m, ns, first, hin, m->f_out, rows, m->head_x);
-    k3_model_rmsnorm(m->head_x, m->vf[K3_W_FINAL_NORM], d->E, rows, d->eps, m->head_x);
-    k3_model_mm(&v[K3_W_LM_HEAD], m->head_x, rows, logits);
+    /* Only the rows asked for: the head is the largest matrix of the model. */
+    attn_res(m, ns, m->head_row, m->h, m->f_out, R, m->head_x);
+    k3_model_rmsnorm(m->head_x, m->vf[K3_W_FINAL_NORM], d->E, R, d->eps, m->head_x);
+    int one_block = 1;   /* every row's logits right after the previous row's */
+    for (uint32_t i = 1; i < R && one_block; i++)
+        one_block = m->head_dst[i] == m->head_dst[0] + (uint64_t)i * d->V;
+    rc = mm_any(m, &v[K3_W_LM_HEAD], 0, d->V, m->head_x, R, one_block ? m->head_dst[0] : NULL,
+                one_block ? NULL : m->head_dst, e);
     k3_ws_release(m->ws, g);
-    if ((rc = k3_ws_status(m->ws, e)) < 0)
+    if (rc == 0)
+        rc = k3_ws_status(m->ws, e);
+    if (rc < 0)
         return rc;
     m->times.head += omp_get_wtime() - t0;
+    return 0;
+}
+
+int k3_model_forward_batch(k3_model *m, const k3_model_seq *q, uint32_t n, k3_err *e)
+{
+    const k3_dims *d = &m->d;
+    for (uint32_t i = 0; i < n; i++) {
+        const k3_sess *s = q[i].s;
+        if (q[i].logits != K3_LOGITS_NONE && !q[i].out)
+            return k3_err_set(e, K3_EARG, "logits requested without a buffer");
+        if (q[i].n == 0 && q[i].logits == K3_LOGITS_LAST)
+            return k3_err_set(e, K3_EARG, "no tokens to run");
+        for (uint32_t t = 0; t < q[i].n; t++)
+            if (q[i].ids[t] >= d->V)
+                return k3_err_set(e, K3_EARG, "token id %u at position %u is out of range (vocabulary %u)",
+                                  q[i].ids[t], s->pos + t, d->V);
+        if ((uint64_t)s->pos + q[i].n > s->max_ctx)
+            return k3_err_set(e, K3_ELIMIT, "context full: %u + %u tokens exceed the session's %u", s->pos,
+                              q[i].n, s->max_ctx);
+        for (uint32_t j = 0; j < i; j++)
+            if (q[j].s == s)
+                return k3_err_set(e, K3_EARG, "a session is twice in one batch (entries %u and %u)", j, i);
+    }
+    /* Passes of at most max_chunk rows: the entries' tokens in order, an
+     * entry that does not fit whole going on in the next pass. */
+    const uint32_t C = m->max_chunk;
+    uint32_t i = 0, off = 0;
+    while (i < n) {
+        m->nseg = m->rows = m->nhead = 0;
+        while (i < n && m->rows < C) {
+            const k3_model_seq *x = &q[i];
+            uint32_t k = x->n - off < C - m->rows ? x->n - off : C - m->rows;
+            if (k) {
+                k3_seg *sg = &m->segs[m->nseg];
+                sg->s = x->s;
+                sg->row = m->rows;
+                sg->n = k;
+                for (uint32_t t = 0; t < k; t++) {
+                    m->ids[m->rows + t] = x->ids[off + t];
+                    m->rowseg[m->rows + t] = m->nseg;
+                }
+                if (x->logits == K3_LOGITS_LAST && off + k == x->n) {
+                    m->head_row[m->nhead] = m->rows + k - 1;
+                    m->head_dst[m->nhead++] = x->out;
+                } else if (x->logits == K3_LOGITS_ALL) {
+                    for (uint32_t t = 0; t < k; t++) {
+                        m->head_row[m->nhead] = m->rows + t;
+                        m->head_dst[m->nhead++] = x->out + (uint64_t)(off + t) * d->V;
+                    }
+                }
+                m->nseg++;
+                m->rows += k;
+                off += k;
+            }
+            if (off == x->n) {
+                i++;
+                off = 0;
+            }
+        }
+        if (m->rows == 0)
+            break;
+        int rc = forward_pass(m, e);
+        if (rc < 0)
+            return rc;
+    }
     return 0;
 }
 
 int k3_model_forward(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t n, int logits_mode, float *logits,
                      k3_err *e)
 {
-    const k3_dims *d = &m->d;
-    if (logits_mode != K3_LOGITS_NONE && !logits)
-        return k3_err_set(e, K3_EARG, "logits requested without a buffer");
-    if (n == 0)
-        return logits_mode == K3_LOGITS_LAST ? k3_err_set(e, K3_EARG, "no tokens to run") : 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (ids[i] >= d->V)
-            return k3_err_set(e, K3_EARG, "token id %u at position %u is out of range (vocabulary %u)", ids[i],
-                              s->pos + i, d->V);
-    if ((uint64_t)s->pos + n > s->max_ctx)
-        return k3_err_set(e, K3_ELIMIT, "context full: %u + %u tokens exceed the session's %u", s->pos, n,
-                          s->max_ctx);
-    for (uint32_t off = 0; off < n;) {
-        uint32_t T = n - off < m->max_chunk ? n - off : m->max_chunk;
-        float *lg = NULL;
-        int which = K3_LOGITS_LAST;
-        if (logits_mode == K3_LOGITS_ALL) {
-            lg = logits + (uint64_t)off * d->V;
-            which = K3_LOGITS_ALL;
-        } else if (logits_mode == K3_LOGITS_LAST && off + T == n) {
-            lg = logits;
-        }
-        int rc = forward_chunk(m, s, ids + off, T, which, lg, e);
-        if (rc < 0)
-            return rc;
-        off += T;
-    }
-    return 0;
+    k3_model_seq q = {s, ids, n, logits_mode, logits};
+    return k3_model_forward_batch(m, &q, 1, e);
 }

@@ -3,8 +3,14 @@
  * kda.c, mla.c and moe.c. Nothing here is API.
  *
  * Invariants: every scratch buffer is sized at k3_model_open for max_chunk
- * tokens; per-session buffers (state, caches, attention scores) at
+ * rows; per-session buffers (state, caches, attention scores) at
  * k3_sess_create for max_ctx positions. Nothing is allocated per token.
+ *
+ * A pass: up to max_chunk rows, the tokens of one or more sessions laid end
+ * to end (m->segs, each session at most once). Every row-wise part (norms,
+ * products, attention residuals, routing, experts) runs over all rows at
+ * once; the KDA conv and recurrence and the MLA attention run per segment on
+ * its own session's state and positions.
  */
 #ifndef K3_MODEL_INT_H
 #define K3_MODEL_INT_H
@@ -24,6 +30,15 @@ typedef struct k3_dims {
     float eps, lb, b1, b2, rsf;
     int mla_gate, renorm, moe_norm;
 } k3_dims;
+
+/* One session's rows in a pass: rows [row, row + n), positions s->pos on. */
+typedef struct k3_seg {
+    k3_sess *s;
+    uint32_t row, n;
+} k3_seg;
+
+/* Rows of the product tmp buffer per pass row (k3_model_mm's row blocks). */
+#define K3_MM_BLOCK 4096u
 
 struct k3_model {
     k3_ws *ws;
@@ -50,6 +65,13 @@ struct k3_model {
     float *rs, *rw, *mz, *mx, *m1, *m3, *my, *mout, *macc, *mup;
     uint32_t *rsel, *eids, *etok, *eslot, *ecount;
     k3_expert_view *eviews;
+    /* the pass: segments, row -> segment, ids, the rows the head computes
+     * and where each goes */
+    k3_seg *segs;
+    uint32_t nseg, rows, nhead;
+    uint32_t *rowseg, *ids, *head_row;
+    float **head_dst;
+    float *mmtmp;             /* max_chunk x K3_MM_BLOCK: product row blocks */
     k3_model_times times;
     double *layer_s;          /* per layer compute seconds */
 };
@@ -109,16 +131,29 @@ static inline float k3_situf(float g, float u, float b1, float b2)
     return gate * (b2 * k3_tanhf(u / b2));
 }
 
-/* Y[T][rows] = X[T][cols] . W^T for a BF16 or F32 matrix view. */
-void k3_model_mm(const k3_view *W, const float *X, uint32_t T, float *Y);
+/* Y[T][rows] = X[T][cols] . W^T for a BF16, F16 or F32 matrix view (T <=
+ * max_chunk; outside parallel regions: it may use m->mmtmp). 0, or the
+ * first error of a streamed matrix's read (in *e; the rest of the product is
+ * not computed and the caller returns it at once). */
+int k3_model_mm(k3_model *m, const k3_view *W, const float *X, uint32_t T, float *Y, k3_err *e);
 /* The same on a raw row range of a matrix (rows from row0). */
-void k3_model_mm_rows(const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T, float *Y);
+int k3_model_mm_rows(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T,
+                     float *Y, k3_err *e);
+
+/* Return a negative status at once. */
+#define K3_TRY(x)                  \
+    do {                           \
+        int k3_try_rc = (x);       \
+        if (k3_try_rc < 0)         \
+            return k3_try_rc;      \
+    } while (0)
 /* RMSNorm of T rows of n floats (y may equal x); w may be NULL (no weight). */
 void k3_model_rmsnorm(const float *x, const float *w, uint32_t n, uint32_t T, float eps, float *y);
 
 /* ---- layer parts ---- */
-int k3_kda_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e);
-int k3_mla_forward(k3_model *m, k3_sess *s, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e);
+/* Over the pass's m->rows rows, each segment on its own session. */
+int k3_kda_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e);
+int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e);
 int k3_mlp_dense_forward(k3_model *m, const k3_view *v, uint32_t T, k3_err *e);
 int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e);
 

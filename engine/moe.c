@@ -32,11 +32,10 @@ static void situ_rows(float *g, const float *u, uint64_t n, float b1, float b2)
 int k3_mlp_dense_forward(k3_model *m, const k3_view *v, uint32_t T, k3_err *e)
 {
     const k3_dims *d = &m->d;
-    (void)e;
-    k3_model_mm(&v[K3_W_MLP_GATE], m->xn, T, m->dg);
-    k3_model_mm(&v[K3_W_MLP_UP], m->xn, T, m->du);
+    K3_TRY(k3_model_mm(m, &v[K3_W_MLP_GATE], m->xn, T, m->dg, e));
+    K3_TRY(k3_model_mm(m, &v[K3_W_MLP_UP], m->xn, T, m->du, e));
     situ_rows(m->dg, m->du, (uint64_t)T * d->IDN, d->b1, d->b2);
-    k3_model_mm(&v[K3_W_MLP_DOWN], m->dg, T, m->mlp);
+    K3_TRY(k3_model_mm(m, &v[K3_W_MLP_DOWN], m->dg, T, m->mlp, e));
     return 0;
 }
 
@@ -73,7 +72,7 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     const uint32_t NE = d->NE, K = d->TOPK, LAT = d->LAT, I = d->I;
 
     /* routing */
-    k3_model_mm(&v[K3_W_MOE_ROUTER], m->xn, T, m->rs);
+    K3_TRY(k3_model_mm(m, &v[K3_W_MOE_ROUTER], m->xn, T, m->rs, e));
     const float *bias = m->vf[K3_W_MOE_BIAS];
     K3_PAR_FOR((uint64_t)T * NE * K > K3_PAR_MIN,
     for (uint32_t t = 0; t < T; t++) {
@@ -107,16 +106,16 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     k3_ws_experts_prefetch(m->ws, layer, m->eids, nused);
 
     /* experts live in the latent */
-    k3_model_mm(&v[K3_W_MOE_LDOWN], m->xn, T, m->mz);
+    K3_TRY(k3_model_mm(m, &v[K3_W_MOE_LDOWN], m->xn, T, m->mz, e));
 
     /* shared experts: one unweighted MLP on the layer input, into m->mlp */
     const uint64_t TE = (uint64_t)T * d->E;
     if (d->NSH) {
         const uint64_t IS = (uint64_t)I * d->NSH;
-        k3_model_mm(&v[K3_W_MOE_SH_GATE], m->xn, T, m->dg);
-        k3_model_mm(&v[K3_W_MOE_SH_UP], m->xn, T, m->du);
+        K3_TRY(k3_model_mm(m, &v[K3_W_MOE_SH_GATE], m->xn, T, m->dg, e));
+        K3_TRY(k3_model_mm(m, &v[K3_W_MOE_SH_UP], m->xn, T, m->du, e));
         situ_rows(m->dg, m->du, (uint64_t)T * IS, d->b1, d->b2);
-        k3_model_mm(&v[K3_W_MOE_SH_DOWN], m->dg, T, m->mlp);
+        K3_TRY(k3_model_mm(m, &v[K3_W_MOE_SH_DOWN], m->dg, T, m->mlp, e));
     }
 
     for (uint32_t b0 = 0; b0 < nused; b0 += m->expert_batch) {
@@ -159,7 +158,7 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     });
     if (d->moe_norm)
         k3_model_rmsnorm(m->macc, m->vf[K3_W_MOE_NORM], LAT, T, d->eps, m->macc);
-    k3_model_mm(&v[K3_W_MOE_LUP], m->macc, T, m->mup);
+    K3_TRY(k3_model_mm(m, &v[K3_W_MOE_LUP], m->macc, T, m->mup, e));
 
     /* routed + shared */
     if (d->NSH) {

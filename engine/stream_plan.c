@@ -128,6 +128,7 @@ void k3_stream_model_mem(const k3_cfg *c, uint32_t max_chunk, uint32_t max_ctx, 
     f += 2 * T * inner;
     if (NL > c->first_k_dense_replace)
         f += T * NE + T * K + 4 * T * LAT + 2 * T * I + T * K * LAT + T * E + 3 * T * K + 2 * NE;
+    f += T * 4096 + 10 * T; /* product row blocks (K3_MM_BLOCK), a pass's segments */
     f += (uint64_t)(nthreads ? nthreads : 1) * max_ctx; /* attention scores */
     *scratch = f * 4 + NE * 48;   /* + expert views */
     *kv = n_mla * max_ctx * (KVL + ROPE) * 4;

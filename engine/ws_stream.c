@@ -1419,8 +1419,8 @@ int k3_ws_stream_plan(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan, 
 {
     ws_stream *w = (ws_stream *)ws;
     const k3_cfg *c = &ws->cfg;
-    if (w->planned)
-        return k3_err_set(e, K3_EINTERNAL, "streaming source planned twice");
+    if (w->started)   /* planning again before the start just replaces the plan */
+        return k3_err_set(e, K3_EINTERNAL, "streaming source planned after its start");
     w->piece_bytes = o->piece_bytes;
     uint64_t gb[K3_CFG_MAX_LAYERS + 1], cb[K3_CFG_MAX_LAYERS + 1], pmax = 0;
     for (uint32_t g = 0; g < w->ng; g++) {

@@ -19,20 +19,28 @@
  *   k3_seq_state_*     a sequence's state as bytes: size, save, load
  *   k3_engine_close
  *
+ * Batching: a step is one batch. The tokens of all its entries are laid end
+ * to end in passes of at most max_chunk rows (a step of N decode tokens, N <=
+ * max_chunk, is one pass; more rows, or a prompt that does not fit, go on in
+ * further passes of the same step). A pass reads every trunk weight once for
+ * all its rows and fetches each expert once for the union of what its rows
+ * route to (expert-major: all the rows that picked expert e are multiplied
+ * while e is held). Prompt chunks of new sequences and decode tokens of
+ * running ones share a pass.
+ *
  * Numbers: a step over N sequences gives each one exactly the bits it would
- * get stepped alone, and the bits never depend on how a sequence's tokens were
- * split over steps, on the thread count, on the RAM budget or on the source
- * (packed, upstream): every reduction has one fixed order (engine/model.c).
- * Today a step runs its sequences one after the other; a batched step that
- * reads each weight once per step for all of them fits behind the same call
- * (the kernels' per-output order does not depend on the token count).
+ * get stepped alone, whatever else is in the batch, and the bits never depend
+ * on how a sequence's tokens were split over steps or passes, on the thread
+ * count, on the RAM budget or on the source (packed, upstream): every
+ * reduction is per row with one fixed order (engine/model.c), and the
+ * recurrences and attention run on each sequence's own state.
  *
  * Memory: with a packed model, k3_engine_load and k3_seq_create allocate
- * everything a step needs: a step with one token per sequence (decode) never
- * allocates (a test enforces it, resident and streamed). A prompt chunk
- * through a streamed model may allocate its piece buffer. An upstream
- * checkpoint is read lazily: the first step that routes to an expert reads
- * it and allocates its record.
+ * everything a step needs: a step with one token per sequence (decode, up to
+ * max_chunk sequences) never allocates (a test enforces it, resident and
+ * streamed). An upstream checkpoint is read lazily: the first step that
+ * routes to an expert reads it and allocates its record. What sequences cost
+ * and how many a budget admits: k3_engine_mem_get.
  *
  * Threads: one engine is driven by one thread at a time; the engine uses
  * OpenMP workers and, streamed, its own I/O threads.
@@ -65,7 +73,7 @@ typedef struct k3_engine_opts {
      * k3_engine_info.fell_to_floor), else everything resident. */
     const char *ram;
     uint32_t threads;          /* compute threads (0: all cores); process-wide */
-    uint32_t max_chunk;        /* tokens per forward pass of a sequence (0: 64) */
+    uint32_t max_chunk;        /* rows (tokens of all a step's sequences) per pass (0: 64) */
     uint64_t piece_bytes;      /* streamed matrices in row pieces of at most this
                                 * (K3_STREAM_PIECE_DEFAULT; 0: whole layers) */
     int trunk_crc;             /* CRC-check streamed trunk units (default 1) */
@@ -79,9 +87,14 @@ void k3_engine_opts_init(k3_engine_opts *o);
 /* What the memory plan counts (k3_engine_plan, k3_engine_load). */
 typedef struct k3_engine_size {
     uint32_t max_ctx;          /* tokens of the longest sequence (0: 4096) */
-    uint32_t max_seqs;         /* sequences alive at once (0: 1) */
+    uint32_t max_seqs;         /* sequences alive at once (0: 1; K3_ENGINE_SEQS_FIT) */
     uint64_t extra_bytes;      /* the caller's own buffers (logits, ids) */
 } k3_engine_size;
+
+/* max_seqs: as many sequences of max_ctx as the budget holds with the
+ * weights at their floor (streamed; resident engines have no budget to
+ * bound it). k3_engine_mem_get then says how many that is. */
+#define K3_ENGINE_SEQS_FIT UINT32_MAX
 
 int k3_engine_open(k3_engine **out, const char *dir, const k3_engine_opts *o, k3_err *e);
 void k3_engine_close(k3_engine *en);   /* accepts NULL; frees every sequence too */
@@ -108,6 +121,31 @@ void k3_engine_get_info(const k3_engine *en, k3_engine_info *info);
  * resident. K3_EBUDGET with the floor in the message if the budget is below
  * it. */
 int k3_engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan **plan, k3_err *e);
+/*
+ * What sequences cost and how many the budget admits (after the plan), for a
+ * caller that admits work (a server queues what does not fit):
+ *   seq_bytes     one sequence of the plan's max_ctx: seq_state (the KDA
+ *                 recurrent state and conv history, fixed: about 0.44 GB at
+ *                 K3 size) + seq_kv (the MLA latents, 576 floats per MLA
+ *                 layer and position) + seq_scores (threads x max_ctx floats)
+ *   planned_seqs  the sequences the plan counts (k3_engine_size.max_seqs)
+ *   max_seqs      streamed: the most sequences of max_ctx the budget holds
+ *                 with the weights at their floor (planned_seqs + what the
+ *                 budget's room above the plan's floor holds); 0 resident
+ *   live_seqs, live_bytes  the sequences alive now and what they take
+ * A streamed engine never goes past its budget: k3_seq_create refuses
+ * (K3_EBUDGET) a sequence that would take the live ones past planned_seqs x
+ * seq_bytes (a shorter max_ctx takes less). K3_EARG before the plan.
+ */
+typedef struct k3_engine_mem {
+    uint64_t seq_bytes, seq_state, seq_kv, seq_scores;
+    uint32_t max_ctx;
+    uint32_t planned_seqs, max_seqs;
+    uint32_t live_seqs;
+    uint64_t live_bytes;
+} k3_engine_mem;
+int k3_engine_mem_get(const k3_engine *en, k3_engine_mem *m, k3_err *e);
+
 /* Validate and load (see the top). Idempotent. */
 int k3_engine_load(k3_engine *en, k3_err *e);
 

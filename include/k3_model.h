@@ -65,6 +65,27 @@ int k3_sess_state_load(k3_sess *s, const void *buf, uint64_t len, k3_err *e);
 int k3_model_forward(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t n,
                      int logits_mode, float *logits, k3_err *e);
 
+/* One session's tokens in a batched forward: as k3_model_forward's
+ * arguments. */
+typedef struct k3_model_seq {
+    k3_sess *s;
+    const uint32_t *ids;
+    uint32_t n;
+    int logits;
+    float *out;
+} k3_model_seq;
+
+/*
+ * Run several sessions at once: their tokens are laid end to end in passes of
+ * at most max_chunk rows (an entry that does not fit goes on in the next
+ * pass), each pass reading every weight once for all its rows and the experts
+ * once for the union the rows route to. Each session gets exactly the bits
+ * k3_model_forward gives it alone. Every entry is checked first (a session at
+ * most once, ids, room, buffers): on such an error nothing moves. The
+ * single-session k3_model_forward is this with one entry.
+ */
+int k3_model_forward_batch(k3_model *m, const k3_model_seq *q, uint32_t n, k3_err *e);
+
 /* Loops with less work than this (multiply-adds; default 65536) run on one
  * thread. Results never depend on it; tests set 0 to force every loop
  * through the threaded path. Process-wide. */

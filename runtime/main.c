@@ -521,6 +521,16 @@ int main(int argc, char **argv)
             goto out;
         run.plan = *plan;
         k3_stream_plan_print(plan, stderr, "k3-run: ");
+        k3_engine_mem mem;
+        if ((rc = k3_engine_mem_get(en, &mem, &e)) < 0)
+            goto out;
+        fprintf(stderr,
+                "k3-run:   per sequence   %9.3f MiB  (%llu bytes: state %llu + latents %llu + scores %llu, "
+                "%u tokens)\n",
+                mem.seq_bytes / 1048576.0, (unsigned long long)mem.seq_bytes, (unsigned long long)mem.seq_state,
+                (unsigned long long)mem.seq_kv, (unsigned long long)mem.seq_scores, mem.max_ctx);
+        fprintf(stderr, "k3-run:   sequences      %u planned; the budget admits at most %u of %u tokens each\n",
+                mem.planned_seqs, mem.max_seqs, mem.max_ctx);
         if (plan_only)
             goto out;
         if (!info.direct)
