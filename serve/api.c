@@ -204,7 +204,8 @@ int srv_parse_request(srv *S, int chat, const char *body, uint64_t len, srv_req 
     int rc = 0;
     double d;
     *param = NULL;
-    cJSON *root = cJSON_ParseWithLength(body, (size_t)len);
+    /* body is NUL-terminated: with it counted, cJSON refuses anything after the value */
+    cJSON *root = memchr(body, 0, (size_t)len) ? NULL : cJSON_ParseWithLengthOpts(body, (size_t)len + 1, NULL, 1);
     r->chat = chat;
     r->temperature = 1.0;
     r->top_p = 1.0;

@@ -357,6 +357,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 }
                 memcpy(k->body + k->len, upload, *upload_size);
                 k->len += *upload_size;
+                k->body[k->len] = 0;   /* the parser checks nothing follows the value */
             }
         }
         *upload_size = 0;

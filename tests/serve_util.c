@@ -208,8 +208,10 @@ char *k3t_resp_strip(const char *body)
 
 double k3t_metric(const k3t_server *s, const char *name)
 {
-    char *m = NULL;
-    if (k3t_http(s, "/metrics", NULL, NULL, &m) != 200) {
+    char *m = NULL, auth[256] = "";
+    if (s->key)
+        snprintf(auth, sizeof auth, "-H 'Authorization: Bearer %s'", s->key);
+    if (k3t_http(s, "/metrics", NULL, auth, &m) != 200) {
         free(m);
         return -1;
     }

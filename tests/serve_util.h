@@ -13,6 +13,7 @@ typedef struct k3t_server {
     pid_t pid;
     int port;
     char log[4096];
+    const char *key;           /* the --api-key, sent by k3t_metric (NULL: none) */
 } k3t_server;
 
 /* Start k3-serve MODEL --port 0 ARGS (stderr to a log in the test's
