@@ -84,9 +84,8 @@ static int parse_u32(const char *opt, const char *v, uint64_t lo, uint64_t hi, u
 int main(int argc, char **argv)
 {
     k3_out_init("k3-serve");
-    srv *S = calloc(1, sizeof *S);
-    if (!S)
-        return k3_out_error(K3_ENOMEM, "out of memory");
+    static srv server;   /* static: every early exit leaves nothing allocated */
+    srv *S = &server;
     srv_cfg *c = &S->cfg;
     c->host = "127.0.0.1";
     c->port = 8080;
@@ -256,7 +255,6 @@ int main(int argc, char **argv)
     free(S->logits);
     pthread_mutex_destroy(&S->mu);
     pthread_cond_destroy(&S->wake);
-    free(S);
     if (rc < 0)
         return k3_out_error(rc, "%s", fe.msg);
     return 0;

@@ -101,7 +101,7 @@ int k3t_http(const k3t_server *s, const char *path, const char *body, const char
         CHECK(f && fwrite(body, 1, strlen(body), f) == strlen(body) && fclose(f) == 0);
     }
     snprintf(cmd, sizeof cmd,
-             "curl -sS -N --max-time 60 -o - -w '\\n%%{http_code}' %s %s%s%s 'http://127.0.0.1:%d%s'",
+             "curl -sS -N --max-time 300 -o - -w '\\n%%{http_code}' %s %s%s%s 'http://127.0.0.1:%d%s'",
              extra ? extra : "", body ? "-H 'Content-Type: application/json' --data-binary '@" : "", bf,
              body ? "'" : "", s->port, path);
     char *out = NULL;
