@@ -63,16 +63,29 @@ static int grow(char **buf, uint32_t *cap, uint64_t need)
     return 0;
 }
 
+/* Out of memory for a request's text: it ends with 500 at the next step
+ * (released as a cancelled one); nothing is dropped silently. */
+static void out_of_memory(srv_req *r)
+{
+    if (!r->err_status) {
+        r->err_status = 500;
+        snprintf(r->err_msg, sizeof r->err_msg, "out of memory for the answer's text");
+    }
+    r->cancel = 1;
+}
+
 /* Hand n bytes of channel ch to the connection (mutex held). */
 static void put_out(srv_req *r, int ch, const char *b, uint64_t n)
 {
-    if (n == 0)
+    if (n == 0 || r->cancel)
         return;
     char *clean = NULL;
     uint64_t cl = 0;
     k3_err e = {0};
-    if (k3_chat_utf8_clean(b, n, &clean, &cl, &e) < 0)
+    if (k3_chat_utf8_clean(b, n, &clean, &cl, &e) < 0) {
+        out_of_memory(r);
         return;
+    }
     /* NUL is valid UTF-8 but not in a JSON client's string: U+FFFD too */
     uint64_t nul = 0;
     for (uint64_t i = 0; i < cl; i++)
@@ -82,6 +95,7 @@ static void put_out(srv_req *r, int ch, const char *b, uint64_t n)
         srv_piece *t = realloc(r->pieces, (size_t)c * sizeof *t);
         if (!t) {
             free(clean);
+            out_of_memory(r);
             return;
         }
         r->pieces = t;
@@ -89,6 +103,7 @@ static void put_out(srv_req *r, int ch, const char *b, uint64_t n)
     }
     if (grow(&r->text[ch], &r->cap[ch], (uint64_t)r->len[ch] + cl + 2 * nul + 1) < 0) {
         free(clean);
+        out_of_memory(r);
         return;
     }
     char *d = r->text[ch] + r->len[ch];
@@ -116,8 +131,10 @@ static int put_content(srv_req *r, const char *b, uint64_t n)
         put_out(r, SRV_CH_CONTENT, b, n);
         return 0;
     }
-    if (grow(&r->hold, &r->hold_cap, (uint64_t)r->hold_len + n + 1) < 0)
+    if (grow(&r->hold, &r->hold_cap, (uint64_t)r->hold_len + n + 1) < 0) {
+        out_of_memory(r);
         return 0;
+    }
     memcpy(r->hold + r->hold_len, b, n);
     r->hold_len += (uint32_t)n;
     r->hold[r->hold_len] = 0;
