@@ -161,7 +161,7 @@ static int parse_prompt(srv *S, const cJSON *p, srv_req *r, char *msg, uint32_t 
         p = cJSON_GetArrayItem(p, 0);   /* one prompt in a list */
     if (cJSON_IsString(p)) {
         if (!S->tok)
-            FAIL("prompt", "this model has no tokenizer: give the prompt as token ids");
+            FAIL("prompt", "this model has no tokenizer");
         uint32_t *ids;
         uint64_t n;
         k3_err e = {0};

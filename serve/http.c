@@ -220,11 +220,12 @@ static enum MHD_Result get_route(srv *S, struct MHD_Connection *c, int route)
 {
     if (route == R_HEALTH) {
         pthread_mutex_lock(&S->mu);
-        int ready = S->ready && !S->fatal, draining = S->draining;
+        int ready = S->ready, fatal = S->fatal, draining = S->draining;
         pthread_mutex_unlock(&S->mu);
-        return answer(c, ready && !draining ? 200 : 503, "application/json",
-                      strdup(ready ? (draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}")
-                                   : "{\"status\":\"loading\"}"));
+        const char *st = !ready ? "loading" : fatal ? "failed" : draining ? "draining" : "ok";
+        char body[64];
+        snprintf(body, sizeof body, "{\"status\":\"%s\"}", st);
+        return answer(c, ready && !fatal && !draining ? 200 : 503, "application/json", strdup(body));
     }
     if (route == R_METRICS)
         return answer(c, 200, "text/plain; version=0.0.4", srv_metrics_text(S));

@@ -185,14 +185,18 @@ int main(int argc, char **argv)
     if (rc == 0) {
         S->V = k3_engine_cfg(S->en)->vocab_size;
         S->tok = k3_engine_tok(S->en);
-        if (S->tok) {
+        if (!S->tok)   /* the API speaks text: answers are text even for id prompts */
+            rc = k3_err_set(&e, K3_ENOENT, "%s: no tokenizer (tiktoken.model): k3-serve answers in text",
+                            c->model_dir);
+        else {
             k3_tok_eos_ids(S->tok, &S->eos, &S->n_eos);
             k3_err ce = {0};
             S->can_chat = k3_chat_ctl_find(S->tok, &S->ctl, &ce) == 0;
         }
         k3_engine_size sz = {c->ctx, c->parallel, (uint64_t)c->parallel * S->V * 4};
-        const k3_stream_plan *plan;
-        rc = k3_engine_plan(S->en, &sz, &plan, &e);
+        const k3_stream_plan *plan = NULL;
+        if (rc == 0)
+            rc = k3_engine_plan(S->en, &sz, &plan, &e);
         if (rc == 0 && plan && !c->quiet)
             k3_stream_plan_print(plan, stderr, "k3-serve: ");
     }

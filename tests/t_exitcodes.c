@@ -231,7 +231,8 @@ K3_TEST(diagnoses_say_permission_file_wrong_kind_and_truncation_exactly)
     if (have_userns) {
         for (int k = 1; k < NTOOLS; k++) {
             const char *fmt = k == 1 ? "unshare -U %s %s %s/x" : k == 2 ? "unshare -U %s %s %s/x"
-                              : k == 3 ? "unshare -U %s %s" : "unshare -U %s %s --ids 1";
+                              : k == 3 ? "unshare -U %s %s" : k == 4 ? "unshare -U %s %s --ids 1"
+                                                                     : "unshare -U %s %s --port 0 --quiet";
             snprintf(c, sizeof c, fmt, tools[k], np, t);
             CHECK_EQ_INT(k3t_runf(NULL, &err, "%s", c), 4);
             CHECK_STR_CONTAINS(err, "permission denied: the directory cannot be listed");
@@ -248,8 +249,8 @@ K3_TEST(diagnoses_say_permission_file_wrong_kind_and_truncation_exactly)
     }
     /* a file */
     for (int k = 1; k < NTOOLS; k++) {
-        snprintf(c, sizeof c, k == 4 ? "%s %s/config.json --ids 1" : k == 3 ? "%s %s/config.json"
-                                                                             : "%s %s/config.json %s/x",
+        snprintf(c, sizeof c, k == 5 ? "%s %s/config.json --port 0 --quiet" : k == 4 ? "%s %s/config.json --ids 1"
+                              : k == 3 ? "%s %s/config.json" : "%s %s/config.json %s/x",
                  tools[k], up, t);
         int rc = k3t_runf(NULL, &err, "%s", c);
         CHECK_EQ_INT(rc, k == 3 ? 4 : 2);
