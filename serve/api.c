@@ -5,6 +5,7 @@
  * fields it does not know, as OpenAI's clients send some.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,6 +199,20 @@ out:
     return rc;
 }
 
+/* 1 if the JSON text escapes a NUL (\u0000 after an odd run of
+ * backslashes): cJSON would cut the string there, so it is refused. */
+static int escapes_nul(const char *body)
+{
+    for (const char *p = strstr(body, "u0000"); p; p = strstr(p + 1, "u0000")) {
+        size_t bs = 0;
+        while (p - bs > body && p[-1 - (ptrdiff_t)bs] == '\\')
+            bs++;
+        if (bs % 2)
+            return 1;
+    }
+    return 0;
+}
+
 int srv_parse_request(srv *S, int chat, const char *body, uint64_t len, srv_req *r, char *msg, uint32_t cap,
                       const char **param)
 {
@@ -218,6 +233,8 @@ int srv_parse_request(srv *S, int chat, const char *body, uint64_t len, srv_req 
     }
     if (!cJSON_IsObject(root))
         FAIL(NULL, "the body must be a JSON object");
+    if (escapes_nul(body))
+        FAIL(NULL, "a string of the body holds \\u0000 (NUL), which k3 does not take");
     const cJSON *v;
     if (is_set(v = cJSON_GetObjectItemCaseSensitive(root, "model")) && !cJSON_IsString(v))
         FAIL("model", "'model' must be a string");
@@ -256,14 +273,16 @@ int srv_parse_request(srv *S, int chat, const char *body, uint64_t len, srv_req 
     }
     if (is_set(v = cJSON_GetObjectItemCaseSensitive(root, "stop"))) {
         if (cJSON_IsString(v)) {
-            if (!*v->valuestring || strlen(v->valuestring) > SRV_STOP_MAX_BYTES)
-                FAIL("stop", "a stop string must have 1 to %d bytes", SRV_STOP_MAX_BYTES);
+            if (!*v->valuestring || strlen(v->valuestring) > SRV_STOP_MAX_BYTES ||
+                !k3_chat_utf8_valid(v->valuestring, strlen(v->valuestring)))
+                FAIL("stop", "a stop string must be 1 to %d bytes of UTF-8", SRV_STOP_MAX_BYTES);
             r->stop[r->n_stop++] = strdup(v->valuestring);
         } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) <= SRV_MAX_STOP) {
             const cJSON *x;
             cJSON_ArrayForEach(x, v) {
-                if (!cJSON_IsString(x) || !*x->valuestring || strlen(x->valuestring) > SRV_STOP_MAX_BYTES)
-                    FAIL("stop", "each stop string must be a string of 1 to %d bytes", SRV_STOP_MAX_BYTES);
+                if (!cJSON_IsString(x) || !*x->valuestring || strlen(x->valuestring) > SRV_STOP_MAX_BYTES ||
+                    !k3_chat_utf8_valid(x->valuestring, strlen(x->valuestring)))
+                    FAIL("stop", "each stop string must be 1 to %d bytes of UTF-8", SRV_STOP_MAX_BYTES);
                 r->stop[r->n_stop++] = strdup(x->valuestring);
             }
         } else {

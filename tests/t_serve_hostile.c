@@ -112,6 +112,8 @@ K3_TEST_TIMEOUT(serve_hostile_clients_get_their_status_and_later_requests_are_se
     expect(&s, C, "{\"prompt\":\"x\",\"stop\":[3]}", K, 400, "stop");
     expect(&s, C, "{\"prompt\":\"x\",\"stop\":\"\"}", K, 400, "stop");
     expect(&s, C, "{\"prompt\":\"x\",\"stream_options\":5}", K, 400, "stream_options");
+    expect(&s, C, "{\"prompt\":\"a\\u0000b\"}", K, 400, NULL);
+    expect(&s, C, "{\"prompt\":\"x\",\"stop\":\"\xff\"}", K, 400, "stop");
     expect(&s, H, "{\"messages\":\"hi\"}", K, 400, "messages");
     expect(&s, H, "{\"messages\":[]}", K, 400, "messages");
     expect(&s, H, "{\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}", K, 400, "messages");
