@@ -33,12 +33,17 @@ LDLIBS  = -lcjson -lcrypto -lz -lm -ledit
 LDFLAGS_ALL = -fopenmp -pthread $(SAN) $(LDFLAGS)
 
 LIB_DIRS  = common manifests kernels engine
-TOOL_DIRS = convert pack verify synth runtime
+TOOL_DIRS = convert pack verify synth runtime serve
 TOOL_NAME_convert = k3-convert
 TOOL_NAME_pack    = k3-pack
 TOOL_NAME_verify  = k3-verify
 TOOL_NAME_synth   = k3-synth
 TOOL_NAME_runtime = k3-run
+TOOL_NAME_serve   = k3-serve
+# libraries only one tool links (the test binary and benchmarks hold every
+# tool folder's code, so they link them all)
+TOOL_LDLIBS_serve = -lmicrohttpd
+TOOL_LDLIBS = $(foreach d,$(TOOL_DIRS),$(TOOL_LDLIBS_$(d)))
 
 # The target architecture, from the compiler itself, so that
 # CC=aarch64-linux-gnu-gcc cross-builds (x86_64 or aarch64; any other
@@ -104,17 +109,17 @@ $(LIB): $(LIB_OBJ)
 define tool_rule
 $(BIN)/$(TOOL_NAME_$(1)): $(O)/$(1)/main.o $(call tool_obj,$(1)) $(LIB)
 	@mkdir -p $(BIN)
-	$(CC) $(LDFLAGS_ALL) -o $$@ $(O)/$(1)/main.o $(call tool_obj,$(1)) $(LIB) $(LDLIBS)
+	$(CC) $(LDFLAGS_ALL) -o $$@ $(O)/$(1)/main.o $(call tool_obj,$(1)) $(LIB) $(LDLIBS) $(TOOL_LDLIBS_$(1))
 endef
 $(foreach d,$(TOOL_DIRS),$(eval $(call tool_rule,$(d))))
 
 $(TEST_BIN): $(TEST_OBJ) $(TOOL_LIB_OBJ) $(LIB)
 	@mkdir -p $(BIN)
-	$(CC) $(LDFLAGS_ALL) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS)
+	$(CC) $(LDFLAGS_ALL) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS) $(TOOL_LDLIBS)
 
 $(BIN)/bench-%: bench/%.c $(TOOL_LIB_OBJ) $(LIB)
 	@mkdir -p $(BIN)
-	$(CC) $(ALL_CFLAGS) $(LDFLAGS_ALL) -o $@ $< $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS_ALL) -o $@ $< $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS) $(TOOL_LDLIBS)
 
 test: all check-layout
 	K3_BIN=$(BIN) ./$(TEST_BIN) $(T)

@@ -47,7 +47,7 @@ fuzz-bins: $(FUZZ_READY:%=$(BIN)/fz_%)
 $(BIN)/fz_%: $(O)/fuzz/fz_%.o $(FUZZ_HELPER_OBJ) $(O)/fuzz/entry.o $(TOOL_LIB_OBJ) $(LIB)
 	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS_ALL) -fsanitize=fuzzer -o $@ $(O)/fuzz/fz_$*.o $(FUZZ_HELPER_OBJ) \
-	    $(O)/fuzz/entry.o $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS)
+	    $(O)/fuzz/entry.o $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS) $(TOOL_LDLIBS)
 
 fuzz: fuzz-build
 	FUZZ_SECONDS=$(FUZZ_SECONDS) ./fuzz/run $(FUZZ_TARGETS)

@@ -3,8 +3,9 @@
  * every tool: each (tool, code) is either a command line that must end with
  * that code (and, for an error, exactly one line "k3-TOOL: error: ..." on
  * stderr), or listed here as a row that cannot happen for that tool, with
- * the reason. The README table itself is read, so that a new row without a
- * case here fails the test. Then the exact diagnoses: permission, a file, the
+ * the reason (k3-serve, a server, has an exit-0 case stopped by SIGINT).
+ * The README table itself is read, so that a new row without a case here
+ * fails the test. Then the exact diagnoses: permission, a file, the
  * wrong kind of directory naming the tool to use, a truncated shard, a path
  * named once, an error of k3-pack without its plan.
  */
@@ -15,8 +16,8 @@
 
 #include "k3_test.h"
 
-static const char *const tools[] = {"k3-synth", "k3-convert", "k3-pack", "k3-verify", "k3-run"};
-#define NTOOLS 5
+static const char *const tools[] = {"k3-synth", "k3-convert", "k3-pack", "k3-verify", "k3-run", "k3-serve"};
+#define NTOOLS 6
 
 typedef struct row {
     int code;
@@ -33,30 +34,36 @@ static const row rows[] = {
     {0, 2, "k3-pack --quiet %1$s/pk %1$s/p0", NULL},
     {0, 3, "k3-verify --quick %1$s/pk", NULL},
     {0, 4, "k3-run %1$s/pk --ids 1,2 --gen 2", NULL},
+    /* k3-serve ends with 0 on SIGINT once its requests are done */
+    {0, 5, "timeout --preserve-status -s INT 3 k3-serve %1$s/pk --port 0 --quiet", NULL},
 
     CANNOT(1, 0, "only k3-verify reports problems"),
     CANNOT(1, 1, "only k3-verify reports problems"),
     CANNOT(1, 2, "only k3-verify reports problems"),
     {1, 3, "k3-verify %1$s/cr", NULL},
     CANNOT(1, 4, "only k3-verify reports problems"),
+    CANNOT(1, 5, "only k3-verify reports problems"),
 
     {2, 0, "k3-synth --bogus", NULL},
     {2, 1, "k3-convert --bogus", NULL},
     {2, 2, "k3-pack --bogus", NULL},
     {2, 3, "k3-verify --bogus", NULL},
     {2, 4, "k3-run --bogus", NULL},
+    {2, 5, "k3-serve --bogus", NULL},
 
     CANNOT(3, 0, "k3-synth reads no input file"),
     {3, 1, "k3-convert --quiet %1$s/badcfg %1$s/c3", NULL},
     {3, 2, "k3-pack --quiet %1$s/badman %1$s/p3", NULL},
     {3, 3, "k3-verify --sums %1$s/bad.sums %1$s/pk", NULL},
     {3, 4, "k3-run %1$s/badcfg --ids 1", NULL},
+    {3, 5, "k3-serve %1$s/badcfg --port 0 --quiet", NULL},
 
     {4, 0, "k3-synth %1$s/no/such/parent --preset tiny --quiet", NULL},
     {4, 1, "k3-convert %1$s/nothing %1$s/c4", NULL},
     {4, 2, "k3-pack %1$s/nothing %1$s/p4", NULL},
     {4, 3, "k3-verify %1$s/nothing", NULL},
     {4, 4, "k3-run %1$s/trunc --ids 1", NULL},
+    {4, 5, "k3-serve %1$s/trunc --port 0 --quiet", NULL},
 
     CANNOT(5, 0, "k3-synth reads no input file"),
     CANNOT(5, 1, "upstream shards carry no checksums: a flipped byte is converted as read "
@@ -64,18 +71,22 @@ static const row rows[] = {
     {5, 2, "k3-pack --quiet --copy %1$s/cr %1$s/p5", NULL},
     CANNOT(5, 3, "corrupt data is a problem k3-verify lists: exit 1"),
     {5, 4, "k3-run %1$s/cr --ids 1,2,3 --gen 3", NULL},
+    CANNOT(5, 5, "a corrupt record is found when a request routes to it: that request fails (500), "
+                 "/health turns 503, the server goes on"),
 
     {6, 0, "k3-synth %1$s/$(printf '%%04100d' 0) --preset tiny --quiet", NULL},
     {6, 1, "k3-convert --quiet %1$s/hl %1$s/c6", NULL},
     {6, 2, "k3-pack --quiet %1$s/pk %1$s/p6 --ram 1K", NULL},
     {6, 3, "k3-verify --sums %1$s/big.sums %1$s/pk", NULL},
     {6, 4, "k3-run %1$s/pk --ids 1 --ram 1K", NULL},
+    {6, 5, "k3-serve %1$s/pk --ram 1K --port 0 --quiet", NULL},
 
     {7, 0, "k3-synth %1$s/up --preset tiny --quiet", NULL},
     {7, 1, "k3-convert --quiet %1$s/up %1$s/pk", NULL},
     {7, 2, "k3-pack --quiet %1$s/pk %1$s/exists", NULL},
     CANNOT(7, 3, "k3-verify writes nothing"),
     CANNOT(7, 4, "k3-run writes no directory; --logits and --trace files are replaced as asked"),
+    CANNOT(7, 5, "k3-serve writes no file"),
 
     /* full disks for the model files: t_diskfull.c; every output: t_outputs.c */
     {8, 0, "k3-synth %1$s/o8 --preset tiny > /dev/full", NULL},
@@ -83,12 +94,14 @@ static const row rows[] = {
     {8, 2, "k3-pack --quiet --json %1$s/pk %1$s/p8 > /dev/full", NULL},
     {8, 3, "k3-verify %1$s/pk > /dev/full", NULL},
     {8, 4, "k3-run %1$s/pk --ids 1 > /dev/full", NULL},
+    {8, 5, "k3-serve --help > /dev/full", NULL},
 
     CANNOT(9, 0, "a bug in k3: no input gives it"),
     CANNOT(9, 1, "a bug in k3: no input gives it"),
     CANNOT(9, 2, "a bug in k3: no input gives it"),
     CANNOT(9, 3, "a bug in k3: no input gives it"),
     CANNOT(9, 4, "a bug in k3: no input gives it"),
+    CANNOT(9, 5, "a bug in k3: no input gives it"),
 
     /* k3-verify and k3-run write nothing to resume: SIGINT ends them (128 + 2) */
     {130, 0, "timeout --preserve-status -s INT 1 k3-synth %1$s/o130 --preset k3-width --sparse --quiet", NULL},
@@ -96,6 +109,7 @@ static const row rows[] = {
     {130, 2, "K3_PACK_CRASH=interrupt:0 k3-pack --quiet %1$s/pk %1$s/p130", NULL},
     {130, 3, "timeout --preserve-status -s INT 1 k3-verify --sums %1$s/fifo %1$s/pk", NULL},
     {130, 4, "timeout --preserve-status -s INT 1 k3-run %1$s/pk --prompt-file %1$s/fifo", NULL},
+    CANNOT(130, 5, "SIGINT and SIGTERM are how k3-serve is stopped: it drains and exits 0"),
 };
 
 static int count_lines(const char *s)
@@ -217,7 +231,8 @@ K3_TEST(diagnoses_say_permission_file_wrong_kind_and_truncation_exactly)
     if (have_userns) {
         for (int k = 1; k < NTOOLS; k++) {
             const char *fmt = k == 1 ? "unshare -U %s %s %s/x" : k == 2 ? "unshare -U %s %s %s/x"
-                              : k == 3 ? "unshare -U %s %s" : "unshare -U %s %s --ids 1";
+                              : k == 3 ? "unshare -U %s %s" : k == 4 ? "unshare -U %s %s --ids 1"
+                                                                     : "unshare -U %s %s --port 0 --quiet";
             snprintf(c, sizeof c, fmt, tools[k], np, t);
             CHECK_EQ_INT(k3t_runf(NULL, &err, "%s", c), 4);
             CHECK_STR_CONTAINS(err, "permission denied: the directory cannot be listed");
@@ -234,8 +249,8 @@ K3_TEST(diagnoses_say_permission_file_wrong_kind_and_truncation_exactly)
     }
     /* a file */
     for (int k = 1; k < NTOOLS; k++) {
-        snprintf(c, sizeof c, k == 4 ? "%s %s/config.json --ids 1" : k == 3 ? "%s %s/config.json"
-                                                                             : "%s %s/config.json %s/x",
+        snprintf(c, sizeof c, k == 5 ? "%s %s/config.json --port 0 --quiet" : k == 4 ? "%s %s/config.json --ids 1"
+                              : k == 3 ? "%s %s/config.json" : "%s %s/config.json %s/x",
                  tools[k], up, t);
         int rc = k3t_runf(NULL, &err, "%s", c);
         CHECK_EQ_INT(rc, k == 3 ? 4 : 2);

@@ -1,0 +1,265 @@
+/*
+ * main.c - k3-serve: an OpenAI-compatible HTTP server over the k3 engine,
+ * with continuous batching (serve/SERVE.md).
+ *
+ *   k3-serve MODEL_DIR [--ram SIZE] [--host 127.0.0.1] [--port 8080] ...
+ *
+ * Startup: open the model and make the memory plan for --parallel
+ * sequences of --ctx tokens (refused budgets exit 6 before anything is
+ * served), listen (GET /health says "loading"), load, serve. SIGINT or
+ * SIGTERM: stop taking requests (503), let the ones in flight finish, exit 0;
+ * a second signal cancels them.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "k3_cli.h"
+#include "k3_engine.h"
+#include "k3_out.h"
+#include "k3_plan.h"
+#include "serve.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: k3-serve MODEL_DIR [options]\n"
+            "\n"
+            "Serve Kimi K3 (or a checkpoint of the same shape) over HTTP with the OpenAI API:\n"
+            "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
+            "GET /metrics. Requests are batched continuously: every step of the engine advances\n"
+            "every running request (serve/SERVE.md).\n"
+            "\n"
+            "network:\n"
+            "  --host ADDR            address to listen on (default 127.0.0.1: this machine only)\n"
+            "  --port N               TCP port (default 8080; 0: any free port, printed)\n"
+            "  --api-key KEY          require \"Authorization: Bearer KEY\" (all but /health)\n"
+            "  --max-body SIZE        largest request body in bytes (default 4194304; more: 413)\n"
+            "  --timeout S            close a connection idle (or not reading) for S seconds\n"
+            "                         (default 60)\n"
+            "  --max-connections N    connections at once (default 1024)\n"
+            "scheduling:\n"
+            "  --parallel N           sequences stepped together (default 4)\n"
+            "  --queue N              requests waiting for a sequence (default 64; more: 503)\n"
+            "  --ctx N                tokens per sequence, prompt and answer (default 4096)\n"
+            "  --chunk N              prompt tokens per sequence per step (default 64)\n"
+            "engine:\n"
+            "  --ram SIZE             stream the weights within SIZE bytes of RAM (K/M/G/T\n"
+            "                         suffixes) or a preset: floor, double, resident; the plan\n"
+            "                         counts --parallel sequences of --ctx tokens\n"
+            "  --threads N            compute threads (default: all cores)\n"
+            "  --name NAME            the model id /v1/models reports (default: the directory's\n"
+            "                         last component)\n"
+            "  --quiet                no startup or shutdown lines on stderr\n"
+            "  --version, --help\n"
+            "\n"
+            "Exit: 0 ok (also after SIGINT/SIGTERM), 2 usage, 3 bad format, 4 I/O error (also:\n"
+            "cannot listen), 5 corrupt, 6 limit/memory (a plan over the memory available),\n"
+            "9 internal error.\n");
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    char b[512];
+    snprintf(b, sizeof b, fmt, arg);
+    return k3_out_error(K3_EARG, "%s (k3-serve --help)", b);
+}
+
+static int parse_u32(const char *opt, const char *v, uint64_t lo, uint64_t hi, uint32_t *out)
+{
+    uint64_t x;
+    if (!v || k3_cli_parse_u64(v, lo, hi, &x) < 0) {
+        char b[256];
+        snprintf(b, sizeof b, "%s needs a whole number from %llu to %llu", opt, (unsigned long long)lo,
+                 (unsigned long long)hi);
+        return usage_error("%s", b);
+    }
+    *out = (uint32_t)x;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    k3_out_init("k3-serve");
+    static srv server;   /* static: every early exit leaves nothing allocated */
+    srv *S = &server;
+    srv_cfg *c = &S->cfg;
+    c->host = "127.0.0.1";
+    c->port = 8080;
+    c->parallel = 4;
+    c->queue = 64;
+    c->ctx = 4096;
+    c->chunk = 64;
+    c->max_body = 4u << 20;
+    c->timeout_s = 60;
+    c->max_conn = 1024;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--version")) {
+            k3_cli_print_version("k3-serve");
+            return 0;
+        } else if (!strcmp(a, "--quiet")) {
+            c->quiet = 1;
+            continue;
+        } else if (a[0] == '-' && a[1] == '-') {
+            if (!v)
+                return usage_error("%s needs a value", a);
+            i++;
+            if (!strcmp(a, "--host"))
+                c->host = v;
+            else if (!strcmp(a, "--port"))
+                rc = parse_u32(a, v, 0, 65535, &c->port);
+            else if (!strcmp(a, "--api-key")) {
+                if (!*v)
+                    return usage_error("%s: the key is empty", a);
+                c->api_key = v;
+            } else if (!strcmp(a, "--max-body")) {
+                k3_err e = {0};
+                if (k3_stream_parse_budget(v, &c->max_body, &e) < 0 || c->max_body == 0 || c->max_body > (1ull << 32))
+                    return usage_error("--max-body needs a size from 1 byte to 4G, not '%s'", v);
+            } else if (!strcmp(a, "--timeout"))
+                rc = parse_u32(a, v, 1, 86400, &c->timeout_s);
+            else if (!strcmp(a, "--max-connections"))
+                rc = parse_u32(a, v, 1, 65536, &c->max_conn);
+            else if (!strcmp(a, "--parallel"))
+                rc = parse_u32(a, v, 1, 1024, &c->parallel);
+            else if (!strcmp(a, "--queue"))
+                rc = parse_u32(a, v, 0, 1u << 20, &c->queue);
+            else if (!strcmp(a, "--ctx"))
+                rc = parse_u32(a, v, 2, 1u << 24, &c->ctx);
+            else if (!strcmp(a, "--chunk"))
+                rc = parse_u32(a, v, 1, 4096, &c->chunk);
+            else if (!strcmp(a, "--threads"))
+                rc = parse_u32(a, v, 1, 4096, &c->threads);
+            else if (!strcmp(a, "--ram"))
+                c->ram = v;
+            else if (!strcmp(a, "--name"))
+                c->model_name = v;
+            else
+                return usage_error("unknown option %s", a);
+            if (rc)
+                return rc;
+        } else if (!c->model_dir) {
+            c->model_dir = a;
+        } else {
+            return usage_error("one model directory only (also got '%s')", a);
+        }
+    }
+    if (!c->model_dir)
+        return usage_error("%s", "no model directory: k3-serve MODEL_DIR [options]");
+    static char name[256];
+    if (!c->model_name) {   /* the directory's last component */
+        snprintf(name, sizeof name, "%s", c->model_dir);
+        size_t n = strlen(name);
+        while (n > 1 && name[n - 1] == '/')
+            name[--n] = 0;
+        const char *s = strrchr(name, '/');
+        c->model_name = s && s[1] ? s + 1 : name;
+    }
+
+    /* every thread started from here on leaves these signals to sigwait */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    pthread_mutex_init(&S->mu, NULL);
+    pthread_cond_init(&S->wake, NULL);
+
+    k3_err e = {0};
+    k3_engine_opts eo;
+    k3_engine_opts_init(&eo);
+    eo.ram = c->ram;
+    eo.threads = c->threads;
+    eo.max_chunk = c->chunk;
+    srv_http *h = NULL;
+    int rc = k3_engine_open(&S->en, c->model_dir, &eo, &e);
+    if (rc == 0) {
+        S->V = k3_engine_cfg(S->en)->vocab_size;
+        S->tok = k3_engine_tok(S->en);
+        if (!S->tok)   /* the API speaks text: answers are text even for id prompts */
+            rc = k3_err_set(&e, K3_ENOENT, "%s: no tokenizer (tiktoken.model): k3-serve answers in text",
+                            c->model_dir);
+        else {
+            k3_tok_eos_ids(S->tok, &S->eos, &S->n_eos);
+            k3_err ce = {0};
+            S->can_chat = k3_chat_ctl_find(S->tok, &S->ctl, &ce) == 0;
+        }
+        k3_engine_size sz = {c->ctx, c->parallel, (uint64_t)c->parallel * S->V * 4};
+        const k3_stream_plan *plan = NULL;
+        if (rc == 0)
+            rc = k3_engine_plan(S->en, &sz, &plan, &e);
+        if (rc == 0 && plan && !c->quiet)
+            k3_stream_plan_print(plan, stderr, "k3-serve: ");
+    }
+    uint32_t port = 0;
+    if (rc == 0)
+        rc = srv_http_start(S, &h, &port, &e);
+    if (rc == 0) {
+        if (!c->quiet)
+            fprintf(stderr, "k3-serve: loading %s\n", c->model_dir);
+        rc = srv_engine_start(S, &e);
+    }
+    if (rc < 0) {
+        srv_http_stop(h);
+        srv_engine_stop(S, 1);
+        k3_engine_close(S->en);
+        return k3_out_error(rc, "%s", e.msg);
+    }
+    /* the line a supervisor (or a test) waits for */
+    fprintf(stderr, "k3-serve: listening on http://%s:%u (%u parallel, queue %u, context %u)\n", c->host, port,
+            c->parallel, c->queue, c->ctx);
+    fflush(stderr);
+
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0 || (sig != SIGINT && sig != SIGTERM))
+        ;
+    if (!c->quiet)
+        fprintf(stderr, "k3-serve: %s: finishing the requests in flight (again to cancel them)\n",
+                sig == SIGINT ? "SIGINT" : "SIGTERM");
+    pthread_mutex_lock(&S->mu);
+    S->draining = 1;
+    pthread_mutex_unlock(&S->mu);
+    /* drain; a second signal cancels what is left */
+    int cancel = 0;
+    for (;;) {
+        pthread_mutex_lock(&S->mu);
+        int left = S->n_active + S->n_queued;
+        pthread_mutex_unlock(&S->mu);
+        if (!left)
+            break;
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        if (sigtimedwait(&sigs, NULL, &ts) > 0) {
+            cancel = 1;
+            break;
+        }
+    }
+    srv_engine_stop(S, cancel);
+    srv_http_stop(h);
+    k3_err fe = {0};
+    rc = k3_engine_stream_finish(S->en, &fe);
+    for (uint32_t i = 0; S->seqs && i < c->parallel; i++)
+        k3_seq_free(S->seqs[i]);
+    k3_engine_close(S->en);
+    if (!c->quiet)
+        fprintf(stderr, "k3-serve: stopped after %llu requests (%llu tokens generated)\n",
+                (unsigned long long)S->m.requests, (unsigned long long)S->m.gen_tokens);
+    free(S->active);
+    free(S->seqs);
+    free(S->step);
+    free(S->slot_of);
+    free(S->logits);
+    pthread_mutex_destroy(&S->mu);
+    pthread_cond_destroy(&S->wake);
+    if (rc < 0)
+        return k3_out_error(rc, "%s", fe.msg);
+    return 0;
+}
