@@ -1129,7 +1129,7 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
     for (uint64_t i = 0; i < plan.ntensors; i++) {
         const k3_conv_tensor *ct = &plan.tensors[i];
         if (ct->role == K3_CONV_T_TRUNK &&
-            !strcmp(plan.man.tensors[ct->out_tensor].name, "language_model.model.embed_tokens.weight")) {
+            !strcmp(plan.man.tensors[ct->out_tensor].name, K3_SCH_EMBED_NAME)) {
             cv.embed_t = (int64_t)i;
             cv.embed_group = plan.slot_group[ct->slot];
             cv.erow_rb = plan.man.tensors[ct->out_tensor].shape[1] * k3_dtype_size(ct->out_dtype);

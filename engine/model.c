@@ -136,73 +136,26 @@ uint64_t k3_view_numel(const k3_view *v)
 
 static int is_vector_slot(k3_wslot s)
 {
-    switch (s) {
-    case K3_W_INPUT_NORM: case K3_W_POST_NORM: case K3_W_SA_RES_NORM: case K3_W_SA_RES_PROJ:
-    case K3_W_MLP_RES_NORM: case K3_W_MLP_RES_PROJ: case K3_W_KDA_QCONV: case K3_W_KDA_KCONV:
-    case K3_W_KDA_VCONV: case K3_W_KDA_ALOG: case K3_W_KDA_DTBIAS: case K3_W_KDA_ONORM:
-    case K3_W_MLA_QA_NORM: case K3_W_MLA_KVA_NORM: case K3_W_MOE_BIAS: case K3_W_MOE_NORM:
-    case K3_W_FINAL_NORM: case K3_W_OUT_RES_NORM: case K3_W_OUT_RES_PROJ:
-        return 1;
-    default:
-        return 0;
-    }
+    const k3_sch_row *r = k3_schema_row((uint32_t)s);
+    return r && r->cls != K3_SCH_MATRIX;
 }
 
-/* Expected shape of a slot: a matrix rows x cols, or a vector of n (cols = 0;
- * for A_log at least n). Returns 0 if the slot is optional-absent for cfg. */
-static int slot_shape(const k3_dims *d, k3_wslot s, uint64_t *rows, uint64_t *cols)
+/* Every slot of group g the schema expects for the config, checked against
+ * what the source describes: a matrix shape for shape, a vector (and conv
+ * taps) by count, A_log at least H values. */
+static int check_group(k3_model *m, uint32_t g, uint64_t *smalls_need, k3_err *e)
 {
-    *cols = 0;
-    switch (s) {
-    case K3_W_INPUT_NORM: case K3_W_POST_NORM: case K3_W_SA_RES_NORM: case K3_W_SA_RES_PROJ:
-    case K3_W_MLP_RES_NORM: case K3_W_MLP_RES_PROJ: case K3_W_FINAL_NORM:
-    case K3_W_OUT_RES_NORM: case K3_W_OUT_RES_PROJ:
-        *rows = d->E; return 1;
-    case K3_W_KDA_Q: case K3_W_KDA_K: case K3_W_KDA_V: case K3_W_KDA_G:
-        *rows = d->P; *cols = d->E; return 1;
-    case K3_W_KDA_O: *rows = d->E; *cols = d->P; return 1;
-    case K3_W_KDA_FA: *rows = d->D; *cols = d->E; return 1;
-    case K3_W_KDA_FB: *rows = d->P; *cols = d->D; return 1;
-    case K3_W_KDA_B: *rows = d->H; *cols = d->E; return 1;
-    case K3_W_KDA_QCONV: case K3_W_KDA_KCONV: case K3_W_KDA_VCONV:
-        *rows = (uint64_t)d->P * d->CW; return 1;
-    case K3_W_KDA_ALOG: *rows = d->H; return 1;
-    case K3_W_KDA_DTBIAS: *rows = d->P; return 1;
-    case K3_W_KDA_ONORM: *rows = d->D; return 1;
-    case K3_W_MLA_QA: *rows = d->QL; *cols = d->E; return 1;
-    case K3_W_MLA_QA_NORM: *rows = d->QL; return 1;
-    case K3_W_MLA_QB: *rows = (uint64_t)d->MH * d->QK; *cols = d->QL; return 1;
-    case K3_W_MLA_KVA: *rows = (uint64_t)d->KVL + d->ROPE; *cols = d->E; return 1;
-    case K3_W_MLA_KVA_NORM: *rows = d->KVL; return 1;
-    case K3_W_MLA_KVB: *rows = (uint64_t)d->MH * (d->NOPE + d->VD); *cols = d->KVL; return 1;
-    case K3_W_MLA_O: *rows = d->E; *cols = (uint64_t)d->MH * d->VD; return 1;
-    case K3_W_MLA_G: *rows = (uint64_t)d->MH * d->VD; *cols = d->E; return d->mla_gate;
-    case K3_W_MLP_GATE: case K3_W_MLP_UP: *rows = d->IDN; *cols = d->E; return 1;
-    case K3_W_MLP_DOWN: *rows = d->E; *cols = d->IDN; return 1;
-    case K3_W_MOE_ROUTER: *rows = d->NE; *cols = d->E; return 1;
-    case K3_W_MOE_BIAS: *rows = d->NE; return 1;
-    case K3_W_MOE_LDOWN: *rows = d->LAT; *cols = d->E; return 1;
-    case K3_W_MOE_LUP: *rows = d->E; *cols = d->LAT; return 1;
-    case K3_W_MOE_NORM: *rows = d->LAT; return d->moe_norm;
-    case K3_W_MOE_SH_GATE: case K3_W_MOE_SH_UP:
-        *rows = (uint64_t)d->I * d->NSH; *cols = d->E; return d->NSH > 0;
-    case K3_W_MOE_SH_DOWN: *rows = d->E; *cols = (uint64_t)d->I * d->NSH; return d->NSH > 0;
-    case K3_W_LM_HEAD: *rows = d->V; *cols = d->E; return 1;
-    default: return 0;
-    }
-}
-
-static int check_group(k3_model *m, uint32_t g, int is_head, int is_mla, int is_dense,
-                       uint64_t *smalls_need, k3_err *e)
-{
+    const int is_head = g == K3_WS_HEAD(&m->cfg);
     uint64_t need = 0;
     for (int si = 0; si < K3_W_COUNT; si++) {
         k3_wslot s = (k3_wslot)si;
-        if (is_head ? !k3_wslot_in_head(s) : !k3_wslot_in_layer(s, is_mla, is_dense))
+        const k3_sch_row *r = k3_schema_row((uint32_t)si);
+        if (!k3_schema_in_group(&m->cfg, r, g))
             continue;
-        uint64_t rows, cols;
-        if (!slot_shape(&m->d, s, &rows, &cols))
-            continue;
+        uint64_t shape[3];
+        const uint64_t count = k3_schema_shape(&m->cfg, r, shape);
+        const uint64_t rows = r->cls == K3_SCH_MATRIX ? shape[0] : count;
+        const uint64_t cols = r->cls == K3_SCH_MATRIX ? shape[1] : 0;
         k3_view v;
         memset(&v, 0, sizeof v);
         int rc = k3_ws_describe(m->ws, g, s, &v, e);
@@ -224,11 +177,12 @@ static int check_group(k3_model *m, uint32_t g, int is_head, int is_mla, int is_
             if (v.dtype != K3_DT_BF16 && v.dtype != K3_DT_F16 && v.dtype != K3_DT_F32)
                 return k3_err_set(e, K3_EFORMAT, "%s %u: tensor %s has dtype %s, expected BF16, F16 or F32",
                                   where, is_head ? 0 : g, k3_wslot_name(s), k3_dtype_name(v.dtype));
-            int ok = s == K3_W_KDA_ALOG ? n >= rows : n == rows;
+            const int alog = r->cls == K3_SCH_ALOG;
+            int ok = alog ? n >= rows : n == rows;
             if (!ok)
                 return k3_err_set(e, K3_EFORMAT, "%s %u: tensor %s has %llu elements, expected %s%llu",
                                   where, is_head ? 0 : g, k3_wslot_name(s), (unsigned long long)n,
-                                  s == K3_W_KDA_ALOG ? "at least " : "", (unsigned long long)rows);
+                                  alog ? "at least " : "", (unsigned long long)rows);
             need += n;
         }
     }
@@ -339,9 +293,9 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
     uint64_t smalls = 0;
     int rc = 0;
     for (uint32_t L = 0; L < d->NL && rc == 0; L++)
-        rc = check_group(m, L, 0, k3_cfg_layer_is_mla(c, L), k3_cfg_layer_is_dense(c, L), &smalls, e);
+        rc = check_group(m, L, &smalls, e);
     if (rc == 0)
-        rc = check_group(m, K3_WS_HEAD(c), 1, 0, 0, &smalls, e);
+        rc = check_group(m, K3_WS_HEAD(c), &smalls, e);
     if (rc < 0) {
         k3_model_close(m);
         return rc;
