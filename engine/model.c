@@ -245,17 +245,8 @@ static uint32_t *ualloc(uint64_t n, int *bad)
     return p;
 }
 
-int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *e)
+static void model_dims(k3_dims *d, const k3_cfg *c)
 {
-    *out = NULL;
-    k3_kern_init();
-    k3_model *m = calloc(1, sizeof *m);
-    if (!m)
-        return k3_err_set(e, K3_ENOMEM, "out of memory opening the model");
-    m->ws = ws;
-    m->cfg = *k3_ws_cfg(ws);
-    const k3_cfg *c = &m->cfg;
-    k3_dims *d = &m->d;
     d->E = c->hidden_size; d->V = c->vocab_size; d->NL = c->num_hidden_layers;
     d->H = c->kda_num_heads; d->D = c->kda_head_dim; d->P = d->H * d->D;
     d->CW = c->short_conv_kernel_size; d->MH = c->num_attention_heads;
@@ -269,6 +260,71 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
     d->b1 = (float)c->situ_beta; d->b2 = (float)c->situ_linear_beta;
     d->rsf = (float)c->routed_scaling_factor;
     d->mla_gate = c->mla_use_output_gate; d->renorm = c->moe_renormalize; d->moe_norm = c->latent_moe_use_norm;
+}
+
+/* Bytes of falloc(n) / ualloc(n). */
+static uint64_t fbytes(uint64_t n) { return (n ? n : 1) * sizeof(float); }
+static uint64_t ubytes(uint64_t n) { return (n ? n : 1) * sizeof(uint32_t); }
+
+/* The sizes of open and create below, buffer for buffer (keep the two in
+ * step: tests/t_schema.c compares them with what is allocated). */
+void k3_model_mem_need(const k3_cfg *c, uint32_t max_chunk, uint32_t max_ctx, uint32_t nthreads,
+                       uint32_t expert_batch, k3_model_mem *out)
+{
+    k3_dims dd, *d = &dd;
+    memset(d, 0, sizeof *d);
+    model_dims(d, c);
+    for (uint32_t L = 0; L < d->NL; L++)
+        *(k3_cfg_layer_is_mla(c, L) ? &d->n_mla : &d->n_kda) += 1;
+    /* the largest group's vectors (check_group's smalls) */
+    uint64_t smalls = 0;
+    uint32_t nrows;
+    const k3_sch_row *rows = k3_schema_rows(&nrows);
+    for (uint32_t g = 0; g <= d->NL; g++) {
+        uint64_t need = 0, sh[3];
+        for (uint32_t i = 0; i < nrows; i++)
+            if (rows[i].cls != K3_SCH_MATRIX && k3_schema_in_group(c, &rows[i], g))
+                need += k3_schema_shape(c, &rows[i], sh);
+        if (need > smalls)
+            smalls = need;
+    }
+    const uint64_t T = max_chunk ? max_chunk : 64, E = d->E, P = d->P, MH = d->MH;
+    uint64_t b = sizeof(struct k3_model) + d->NL * (sizeof(uint32_t) + sizeof(double));
+    b += fbytes(smalls) + 3 * fbytes(E) + 6 * fbytes(T * E) + fbytes((uint64_t)d->NB * T * E);
+    if (d->n_kda)
+        b += 9 * fbytes(T * P) + fbytes(T * d->H) + fbytes(T * d->D);
+    if (d->n_mla)
+        b += fbytes(T * d->QL) + fbytes(T * MH * d->QK) + fbytes(T * (d->KVL + d->ROPE)) +
+             2 * fbytes(T * MH * d->KVL) + 3 * fbytes(T * MH * d->VD);
+    uint64_t inner = d->IDN;
+    if ((uint64_t)d->I * d->NSH > inner)
+        inner = (uint64_t)d->I * d->NSH;
+    b += 2 * fbytes(T * inner);
+    if (d->NL > c->first_k_dense_replace) {
+        const uint64_t TK = T * d->TOPK, xb = expert_batch && expert_batch <= d->NE ? expert_batch : d->NE;
+        b += fbytes(T * d->NE) + fbytes(TK) + ubytes(TK) + 2 * fbytes(T * d->LAT) + 2 * fbytes(T * d->I) +
+             fbytes(T * d->LAT) + fbytes(TK * d->LAT) + fbytes(T * d->LAT) + fbytes(T * E) + 2 * ubytes(d->NE) +
+             2 * ubytes(TK) + (xb ? xb : 1) * sizeof(k3_expert_view);
+    }
+    out->model = b;
+    out->kv = fbytes((uint64_t)d->n_mla * max_ctx * (d->KVL + d->ROPE));
+    out->state = sizeof(struct k3_sess) + fbytes((uint64_t)d->n_kda * d->H * d->D * d->D) +
+                 fbytes((uint64_t)d->n_kda * 3 * (d->CW - 1) * d->P);
+    out->scores = fbytes((uint64_t)(nthreads ? nthreads : 1) * max_ctx);
+}
+
+int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *e)
+{
+    *out = NULL;
+    k3_kern_init();
+    k3_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return k3_err_set(e, K3_ENOMEM, "out of memory opening the model");
+    m->ws = ws;
+    m->cfg = *k3_ws_cfg(ws);
+    const k3_cfg *c = &m->cfg;
+    k3_dims *d = &m->d;
+    model_dims(d, c);
     if (d->CW < 1 || d->E == 0 || d->V == 0 || d->NL == 0 || d->TOPK == 0 || d->TOPK > d->NE ||
         d->NL > K3_CFG_MAX_LAYERS || d->D > 4096 || d->D == 0) {
         int rc = k3_err_set(e, K3_EFORMAT,

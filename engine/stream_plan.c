@@ -24,6 +24,7 @@
 
 #include "k3_io.h"
 #include "k3_mem.h"
+#include "k3_model.h"
 #include "k3_schema.h"
 #include "k3_stream.h"
 
@@ -105,35 +106,11 @@ uint64_t k3_stream_arena_bytes(uint64_t n)
 void k3_stream_model_mem(const k3_cfg *c, uint32_t max_chunk, uint32_t max_ctx, uint32_t nthreads,
                          uint64_t *scratch, uint64_t *kv, uint64_t *state)
 {
-    const uint64_t T = max_chunk ? max_chunk : 64, E = c->hidden_size, NL = c->num_hidden_layers;
-    const uint64_t H = c->kda_num_heads, D = c->kda_head_dim, P = H * D, CW = c->short_conv_kernel_size;
-    const uint64_t MH = c->num_attention_heads, QK = (uint64_t)c->qk_nope_head_dim + c->qk_rope_head_dim;
-    const uint64_t QL = c->q_lora_rank, KVL = c->kv_lora_rank, ROPE = c->qk_rope_head_dim, VD = c->v_head_dim;
-    const uint64_t NE = c->num_experts, K = c->num_experts_per_token, LAT = c->routed_expert_hidden_size;
-    const uint64_t I = c->moe_intermediate_size, NSH = c->num_shared_experts, IDN = c->intermediate_size;
-    const uint64_t B = c->attn_res_block_size ? c->attn_res_block_size : 1, NB = (NL + B - 1) / B;
-    uint64_t n_mla = 0, n_kda = 0;
-    for (uint32_t L = 0; L < NL; L++)
-        if (k3_cfg_layer_is_mla(c, L))
-            n_mla++;
-        else
-            n_kda++;
-    /* floats, mirroring k3_model_open */
-    uint64_t f = 0;
-    uint64_t smalls = 9 * E + 3 * P * CW + H + P + D + QL + KVL + NE + LAT;
-    f += smalls + 3 * E + 6 * T * E + NB * T * E;
-    if (n_kda)
-        f += 9 * T * P + T * H + T * D;
-    if (n_mla)
-        f += T * QL + T * MH * QK + T * (KVL + ROPE) + 2 * T * MH * KVL + 3 * T * MH * VD;
-    uint64_t inner = IDN > I * NSH ? IDN : I * NSH;
-    f += 2 * T * inner;
-    if (NL > c->first_k_dense_replace)
-        f += T * NE + T * K + 4 * T * LAT + 2 * T * I + T * K * LAT + T * E + 3 * T * K + 2 * NE;
-    f += (uint64_t)(nthreads ? nthreads : 1) * max_ctx; /* attention scores */
-    *scratch = f * 4 + NE * 48;   /* + expert views */
-    *kv = n_mla * max_ctx * (KVL + ROPE) * 4;
-    *state = (n_kda * H * D * D + n_kda * 3 * (CW ? CW - 1 : 0) * P) * 4;
+    k3_model_mem mm;   /* the model's own sizes; expert views for a whole layer (the most a source asks) */
+    k3_model_mem_need(c, max_chunk, max_ctx, nthreads, 0, &mm);
+    *scratch = mm.model + mm.scores;
+    *kv = mm.kv;
+    *state = mm.state;
 }
 
 static uint64_t a64(uint64_t n) { return (n + 63) / 64 * 64; }

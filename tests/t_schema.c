@@ -3,17 +3,21 @@
  * tensors: each name is written once in the C sources outside tests/, every
  * slot has one row, the orders are what the model and the checkpoint use,
  * and the model, the in-memory source and the convert/verify expectations
- * agree with it on every config tried.
+ * agree with it on every config tried. Also: the memory planner's model
+ * sizes are the model's own sizing, and that is what open allocates.
  *
  * The PyTorch trainer (train/) is an independent implementation of the
  * model in another language; tests/t_trained.c checks it against k3, and it
  * is not searched here.
  */
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc_guard.h"
 #include "k3_man.h"
+#include "k3_plan.h"
 #include "k3_model.h"
 #include "k3_schema.h"
 #include "k3_stream.h"
@@ -145,6 +149,52 @@ K3_TEST(schema_sources_model_and_expectations_agree_on_every_config)
         CHECK_EQ_U64(nx, want);
         k3_man_expect_free(x, nx);
         k3_model_close(m);
+        k3_ws_close(ws);
+    }
+}
+
+/* The planner's model sizes are the model's own (k3_model_mem_need), and
+ * those are what k3_model_open and k3_sess_create allocate, byte for byte. */
+K3_TEST(schema_planner_model_sizes_are_what_open_and_create_allocate)
+{
+    const uint32_t nt = (uint32_t)omp_get_max_threads();
+    for (int variant = 0; variant < 3; variant++) {
+        k3_cfg c;
+        small_cfg(&c, variant);
+        k3_err e = {0};
+        k3_ws *ws = NULL;
+        CHECK_EQ_INT(k3_ws_mem_create(&ws, &c, 7, &e), 0);
+        k3_model *m = NULL;
+        CHECK_EQ_INT(k3_model_open(&m, ws, NULL, &e), 0);   /* first use of the kernels and threads */
+        k3_model_close(m);
+        static const uint32_t chunks[] = {1, 7, 64}, ctxs[] = {5, 300};
+        for (int ci = 0; ci < 3; ci++)
+            for (int xi = 0; xi < 2; xi++) {
+                k3_model_opts mo = {chunks[ci]};
+                k3t_alloc_arm();
+                int rc = k3_model_open(&m, ws, &mo, &e);
+                k3t_alloc_disarm();
+                const uint64_t got_model = k3t_alloc_bytes();
+                CHECK_EQ_INT(rc, 0);
+                k3_sess *s = NULL;
+                k3t_alloc_arm();
+                rc = k3_sess_create(&s, m, ctxs[xi], &e);
+                k3t_alloc_disarm();
+                const uint64_t got_sess = k3t_alloc_bytes();
+                CHECK_EQ_INT(rc, 0);
+                k3_model_mem need;
+                k3_model_mem_need(&c, chunks[ci], ctxs[xi], nt, k3_ws_expert_batch_max(ws), &need);
+                CHECK_EQ_U64(got_model, need.model);
+                CHECK_EQ_U64(got_sess, need.kv + need.state + need.scores);
+                /* the planner: the same, with a whole layer's expert views (this source's batch) */
+                uint64_t scratch, kv, state;
+                k3_stream_model_mem(&c, chunks[ci], ctxs[xi], nt, &scratch, &kv, &state);
+                CHECK_EQ_U64(scratch, need.model + need.scores);
+                CHECK_EQ_U64(kv, need.kv);
+                CHECK_EQ_U64(state, need.state);
+                k3_sess_free(s);
+                k3_model_close(m);
+            }
         k3_ws_close(ws);
     }
 }
