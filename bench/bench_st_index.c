@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "k3_io.h"
+#include "k3_schema.h"
 #include "k3_st.h"
 
 #define NSHARDS 96
@@ -71,75 +72,49 @@ static int is_mla(int l)
     return (l + 1) % 4 == 0 || l == 92;
 }
 
-/* K3's tensor list (docs/MODEL.md §2.3), padded to exactly 497,220 with extra vectors. */
+/* K3's tensor list (the tensor schema, include/k3_schema.h, for K3's
+ * config), padded to exactly 497,220 with extra vectors. */
 static void make_names(void)
 {
-    const uint64_t E = 7168, V = 163840, P = 96 * 128, D = 128, I = 3072, L = 3584, NE = EXPERTS;
-    const char *pre = "language_model.model.";
+    k3_cfg c;
+    memset(&c, 0, sizeof c);
+    c.hidden_size = 7168; c.num_hidden_layers = LAYERS; c.vocab_size = 163840;
+    c.kda_num_heads = 96; c.kda_head_dim = 128; c.short_conv_kernel_size = 4;
+    c.num_attention_heads = 96; c.q_lora_rank = 1536; c.kv_lora_rank = 512;
+    c.qk_nope_head_dim = 128; c.qk_rope_head_dim = 64; c.v_head_dim = 128; c.mla_use_output_gate = 1;
+    c.num_experts = EXPERTS; c.num_experts_per_token = 16; c.num_shared_experts = 2;
+    c.routed_expert_hidden_size = 3584; c.moe_intermediate_size = 3072; c.latent_moe_use_norm = 1;
+    c.first_k_dense_replace = 1; c.intermediate_size = 33792;
+    for (int l = 0; l < LAYERS; l++)
+        c.is_mla[l] = is_mla(l);
+    const uint64_t I = c.moe_intermediate_size, L = c.routed_expert_hidden_size;
+    uint32_t nrows;
+    const k3_sch_row *rows = k3_schema_rows(&nrows);
     specs = calloc(NTENSORS + 16, sizeof *specs);
-    add("BF16", 2, V, E, 0, "%sembed_tokens.weight", pre);
-    add("BF16", 1, E, 0, 0, "%snorm.weight", pre);
-    add("BF16", 1, E, 0, 0, "%soutput_attn_res_norm.weight", pre);
-    add("BF16", 1, E, 0, 0, "%soutput_attn_res_proj.weight", pre);
-    add("BF16", 2, V, E, 0, "language_model.lm_head.weight");
-    for (int l = 0; l < LAYERS; l++) {
-        char p[96];
-        snprintf(p, sizeof p, "%slayers.%d.", pre, l);
-        add("BF16", 1, E, 0, 0, "%sinput_layernorm.weight", p);
-        add("BF16", 1, E, 0, 0, "%spost_attention_layernorm.weight", p);
-        add("BF16", 1, E, 0, 0, "%sself_attention_res_norm.weight", p);
-        add("BF16", 1, E, 0, 0, "%sself_attention_res_proj.weight", p);
-        add("BF16", 1, E, 0, 0, "%smlp_res_norm.weight", p);
-        add("BF16", 1, E, 0, 0, "%smlp_res_proj.weight", p);
-        if (is_mla(l)) {
-            add("BF16", 2, 1536, E, 0, "%sself_attn.q_a_proj.weight", p);
-            add("BF16", 1, 1536, 0, 0, "%sself_attn.q_a_layernorm.weight", p);
-            add("BF16", 2, 96 * 192, 1536, 0, "%sself_attn.q_b_proj.weight", p);
-            add("BF16", 2, 576, E, 0, "%sself_attn.kv_a_proj_with_mqa.weight", p);
-            add("BF16", 1, 512, 0, 0, "%sself_attn.kv_a_layernorm.weight", p);
-            add("BF16", 2, 96 * 256, 512, 0, "%sself_attn.kv_b_proj.weight", p);
-            add("BF16", 2, E, 96 * 128, 0, "%sself_attn.o_proj.weight", p);
-            add("BF16", 2, 96 * 128, E, 0, "%sself_attn.g_proj.weight", p);
-        } else {
-            const char *pr[] = {"q_proj", "k_proj", "v_proj", "g_proj"};
-            for (int k = 0; k < 4; k++)
-                add("BF16", 2, P, E, 0, "%sself_attn.%s.weight", p, pr[k]);
-            add("BF16", 2, E, P, 0, "%sself_attn.o_proj.weight", p);
-            add("BF16", 2, D, E, 0, "%sself_attn.f_a_proj.weight", p);
-            add("BF16", 2, P, D, 0, "%sself_attn.f_b_proj.weight", p);
-            add("BF16", 2, 96, E, 0, "%sself_attn.b_proj.weight", p);
-            const char *cv[] = {"q", "k", "v"};
-            for (int k = 0; k < 3; k++)
-                add("BF16", 3, P, 1, 4, "%sself_attn.%s_conv1d.weight", p, cv[k]);
-            add("F32", 1, 96, 0, 0, "%sself_attn.A_log", p);
-            add("F32", 1, P, 0, 0, "%sself_attn.dt_bias", p);
-            add("BF16", 1, D, 0, 0, "%sself_attn.o_norm.weight", p);
+    char name[256];
+    for (uint32_t g = 0; g <= LAYERS + 1; g++) {   /* the embedding (g 0), layers 1.., the head */
+        for (uint32_t i = 0; i < nrows; i++) {
+            const k3_sch_row *r = &rows[i];
+            if (g == 0 ? r->where != K3_SCH_IN_EMBED : !k3_schema_in_group(&c, r, g - 1))
+                continue;
+            uint64_t sh[3];
+            k3_schema_shape(&c, r, sh);
+            k3_schema_name(name, sizeof name, r->slot, g - 1, 1);
+            add(r->est_bytes == 4 ? "F32" : "BF16", r->ndim, sh[0], sh[1], sh[2], "%s", name);
         }
-        if (l == 0) {
-            add("BF16", 2, 33792, E, 0, "%smlp.gate_proj.weight", p);
-            add("BF16", 2, 33792, E, 0, "%smlp.up_proj.weight", p);
-            add("BF16", 2, E, 33792, 0, "%smlp.down_proj.weight", p);
+        if (g == 0 || g > LAYERS || k3_cfg_layer_is_dense(&c, g - 1))
             continue;
-        }
-        add("BF16", 2, NE, E, 0, "%sblock_sparse_moe.gate.weight", p);
-        add("F32", 1, NE, 0, 0, "%sblock_sparse_moe.gate.e_score_correction_bias", p);
-        add("BF16", 2, L, E, 0, "%sblock_sparse_moe.routed_expert_down_proj.weight", p);
-        add("BF16", 2, E, L, 0, "%sblock_sparse_moe.routed_expert_up_proj.weight", p);
-        add("BF16", 1, L, 0, 0, "%sblock_sparse_moe.routed_expert_norm.weight", p);
-        add("BF16", 2, 2 * I, E, 0, "%sblock_sparse_moe.shared_experts.gate_proj.weight", p);
-        add("BF16", 2, 2 * I, E, 0, "%sblock_sparse_moe.shared_experts.up_proj.weight", p);
-        add("BF16", 2, E, 2 * I, 0, "%sblock_sparse_moe.shared_experts.down_proj.weight", p);
-        for (uint64_t e = 0; e < NE; e++) {
-            add("U8", 2, I, L / 2, 0, "%sblock_sparse_moe.experts.%" PRIu64 ".w1.weight_packed", p, e);
-            add("U8", 2, I, L / 32, 0, "%sblock_sparse_moe.experts.%" PRIu64 ".w1.weight_scale", p, e);
-            add("U8", 2, L, I / 2, 0, "%sblock_sparse_moe.experts.%" PRIu64 ".w2.weight_packed", p, e);
-            add("U8", 2, L, I / 32, 0, "%sblock_sparse_moe.experts.%" PRIu64 ".w2.weight_scale", p, e);
-            add("U8", 2, I, L / 2, 0, "%sblock_sparse_moe.experts.%" PRIu64 ".w3.weight_packed", p, e);
-            add("U8", 2, I, L / 32, 0, "%sblock_sparse_moe.experts.%" PRIu64 ".w3.weight_scale", p, e);
-        }
+        for (uint32_t x = 0; x < EXPERTS; x++)
+            for (int w = 0; w < 3; w++) {
+                const uint64_t rr = w == 1 ? L : I, cc = w == 1 ? I : L;
+                k3_schema_expert_name(name, sizeof name, g - 1, x, w, K3_SCH_XP_PACKED);
+                add("U8", 2, rr, cc / 2, 0, "%s", name);
+                k3_schema_expert_name(name, sizeof name, g - 1, x, w, K3_SCH_XP_SCALE);
+                add("U8", 2, rr, cc / 32, 0, "%s", name);
+            }
     }
     for (uint32_t k = 0; nspecs < NTENSORS; k++)
-        add("BF16", 1, E, 0, 0, "%smtp.%u.extra_norm.weight", pre, k);
+        add("BF16", 1, c.hidden_size, 0, 0, K3_SCH_PREFIX "mtp.%u.extra_norm.weight", k);
 }
 
 static double now_s(void)

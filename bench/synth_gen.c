@@ -33,7 +33,7 @@ int main(void)
     const uint64_t chunk = 16u << 20;
     unsigned char *buf = malloc(chunk);
     memset(buf, 1, chunk);
-    int kinds[] = {SK_EXP_W1_P, SK_EXP_W1_S, SK_MOE_GATE, SK_MOE_BIAS};
+    int kinds[] = {SK_EXP_W1_P, SK_EXP_W1_S, K3_W_MOE_ROUTER, K3_W_MOE_BIAS};
     const char *names[] = {"MXFP4 packed (U8)", "MXFP4 scales (U8)", "BF16 matrix", "F32 vector"};
     for (int k = 0; k < 4; k++) {
         const k3_synth_tensor *x = NULL;

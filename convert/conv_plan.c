@@ -89,7 +89,8 @@ static int check_record(k3_conv_plan *p, uint64_t r, k3_err *e)
     uint32_t ex = (uint32_t)(r % c->num_experts);
     const uint64_t I = c->moe_intermediate_size, L = c->routed_expert_hidden_size;
     static const char *wn[3] = {"w1", "w2", "w3"};
-    static const char *pn[K3_MAN_XP_COUNT] = {"weight_packed", "weight_scale", "weight", "weight_scale_inv"};
+    static const char *pn[K3_MAN_XP_COUNT] = {K3_SCH_XP_PACKED, K3_SCH_XP_SCALE, K3_SCH_XP_WEIGHT,
+                                              K3_SCH_XP_SCALE_INV};
     int fmt = K3_CONV_X_NONE;
     if (rec->parts[0][K3_MAN_XP_PACKED] >= 0 || rec->parts[0][K3_MAN_XP_SCALE] >= 0)
         fmt = K3_CONV_X_MXFP4;

@@ -10,7 +10,7 @@
  * group whose files are fsynced and renamed; the bytes of every output file
  * depend only on the plan, never on timing, thread count or resumption.
  */
-#include "conv.h"
+#include "conv_run.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -36,13 +36,11 @@
 #include "k3_kern.h"
 #include "k3_progress.h"
 
-#define JOURNAL ".k3-convert-journal"
-
-static volatile sig_atomic_t stop_requested;
+volatile sig_atomic_t k3_conv_stop_requested;
 
 void k3_conv_interrupt(void)
 {
-    stop_requested = 1;
+    k3_conv_stop_requested = 1;
 }
 
 /* Test hook: K3_CONVERT_CRASH="STAGE:GROUP" kills the process with SIGKILL at
@@ -71,186 +69,8 @@ static void crash_point(const char *stage, uint32_t g)
         raise(SIGKILL);
 }
 
-/* ---- the reader thread ------------------------------------------------------ */
-
-#define ZBLOCK K3_IO_DIRECT_ALIGN
-#define ZWORDS (K3_CONV_CHUNK / ZBLOCK / 64)
-
-typedef struct chunk {
-    uint8_t *buf;
-    uint32_t shard;
-    uint64_t off, len;
-    /* bit i: block i of the chunk ([i*ZBLOCK, (i+1)*ZBLOCK) clipped to len)
-     * lay in a hole of the shard: zeros, not read */
-    uint64_t zmap[ZWORDS];
-    /* bit i: block i of buf holds zeros now (memset for an earlier hole and
-     * not read into since), so a hole there needs no memset */
-    uint64_t zbuf[ZWORDS];
-} chunk;
-
-/* Are bytes [lo, hi) of the chunk (lo < hi) known zeros (holes)? */
-static int chunk_zero(const chunk *c, uint64_t lo, uint64_t hi)
-{
-    for (uint64_t b = lo / ZBLOCK; b <= (hi - 1) / ZBLOCK; b++)
-        if (!(c->zmap[b / 64] >> (b % 64) & 1))
-            return 0;
-    return 1;
-}
-
-typedef struct reader {
-    const k3_conv_plan *p;
-    uint32_t shard_first, shard_end;
-    uint8_t (*shard_sha)[32];
-    uint8_t *arena;
-    uint64_t chunk;             /* bytes per slot: K3_CONV_CHUNK, less for small shards */
-    uint8_t *bounce;
-    chunk slots[K3_CONV_NCHUNKS];
-    uint32_t head, count;       /* filled slots: head .. head+count-1 */
-    int finished, failed, stop;
-    uint64_t holes;             /* bytes of this group's shards found in holes */
-    k3_err err;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-} reader;
-
-static int reader_read(reader *r, int fd, int direct, uint8_t *buf, uint64_t n, uint64_t off, const char *path)
-{
-    if (!direct)
-        return k3_io_pread(fd, buf, n, off, path, &r->err);
-    uint64_t al = n / K3_IO_DIRECT_ALIGN * K3_IO_DIRECT_ALIGN;
-    int rc = al ? k3_io_pread_direct(fd, buf, al, off, NULL, 0, path, &r->err) : 0;
-    if (rc == 0 && n > al)
-        rc = k3_io_pread_direct(fd, buf + al, n - al, off + al, r->bounce, K3_IO_DIRECT_ALIGN, path, &r->err);
-    return rc;
-}
-
-/* Fill chunk c: the shard's data runs are read, its holes (zeros by
- * definition) are memset and marked in c->zmap instead. */
-static int reader_fill(reader *r, int fd, int direct, chunk *c, const char *path)
-{
-    memset(c->zmap, 0, sizeof c->zmap);
-    uint64_t pos = c->off, end = c->off + c->len;
-    while (pos < end) {
-        uint64_t d0, d1;
-        int rc = k3_io_next_data(fd, pos, end, &d0, &d1, path, &r->err);
-        if (rc)
-            return rc;
-        /* a hole [pos, d0): pos is block-aligned, d0 too or the chunk's end */
-        r->holes += d0 - pos;
-        for (uint64_t b = (pos - c->off) / ZBLOCK; b * ZBLOCK < d0 - c->off; b++) {
-            /* the chunk's last block may be partial: its slot has room */
-            if (!(c->zbuf[b / 64] >> (b % 64) & 1)) {
-                memset(c->buf + b * ZBLOCK, 0, ZBLOCK);
-                c->zbuf[b / 64] |= 1ull << (b % 64);
-            }
-            c->zmap[b / 64] |= 1ull << (b % 64);
-        }
-        if (d0 == end)
-            break;
-        for (uint64_t b = (d0 - c->off) / ZBLOCK; b * ZBLOCK < d1 - c->off; b++)
-            c->zbuf[b / 64] &= ~(1ull << (b % 64));
-        if ((rc = reader_read(r, fd, direct, c->buf + (d0 - c->off), d1 - d0, d0, path)))
-            return rc;
-        pos = d1;
-    }
-    return 0;
-}
-
-static void *reader_main(void *arg)
-{
-    reader *r = arg;
-    const k3_conv_plan *p = r->p;
-    uint32_t slot_i = 0;
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    int rc = md ? 0 : k3_err_set(&r->err, K3_ENOMEM, "out of memory");
-    for (uint32_t s = r->shard_first; rc == 0 && s < r->shard_end; s++) {
-        const char *path = k3_st_shard_path(p->st, s);
-        int direct = 0;
-        int fd = k3_io_open_read(path, 1, &direct, &r->err);
-        if (fd < 0) {
-            rc = fd;
-            break;
-        }
-        uint64_t size = k3_st_shard_size(p->st, s), now;
-        if ((rc = k3_io_file_size(fd, &now, path, &r->err)) == 0 && now != size)
-            rc = k3_err_set(&r->err, K3_EIO, "%s: changed while converting: %" PRIu64 " bytes, was %" PRIu64, path,
-                            now, size);
-        if (rc == 0 && EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1)
-            rc = k3_err_set(&r->err, K3_EINTERNAL, "SHA-256 init failed");
-        for (uint64_t off = 0; rc == 0 && off < size; off += r->chunk) {
-            pthread_mutex_lock(&r->mu);
-            while (r->count == K3_CONV_NCHUNKS && !r->stop)
-                pthread_cond_wait(&r->cv, &r->mu);
-            int stop = r->stop;
-            pthread_mutex_unlock(&r->mu);
-            if (stop || stop_requested) {
-                rc = K3_EINTR;
-                k3_err_set(&r->err, K3_EINTR, "interrupted");
-                break;
-            }
-            chunk *c = &r->slots[slot_i];
-            c->buf = r->arena + (uint64_t)slot_i * r->chunk;
-            c->shard = s;
-            c->off = off;
-            c->len = size - off < r->chunk ? size - off : r->chunk;
-            if ((rc = reader_fill(r, fd, direct, c, path)))
-                break;
-            EVP_DigestUpdate(md, c->buf, (size_t)c->len);
-            pthread_mutex_lock(&r->mu);
-            r->count++;
-            pthread_cond_broadcast(&r->cv);
-            pthread_mutex_unlock(&r->mu);
-            slot_i = (slot_i + 1) % K3_CONV_NCHUNKS;
-        }
-        if (rc == 0) {
-            unsigned int len = 0;
-            EVP_DigestFinal_ex(md, r->shard_sha[s], &len);
-        }
-        close(fd);
-    }
-    EVP_MD_CTX_free(md);
-    pthread_mutex_lock(&r->mu);
-    r->finished = 1;
-    r->failed = rc;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-    return NULL;
-}
-
 /* ---- converting ------------------------------------------------------------- */
 
-typedef struct open_rec {
-    int64_t rec;                /* -1: free */
-    uint8_t *buf;               /* stride bytes, 4096-aligned */
-    uint32_t have;
-    int nonzero;                /* 0: every byte is zero so far (buf not even cleared) */
-    uint8_t complete[3][K3_MAN_XP_COUNT];
-    uint8_t *stage[3][K3_MAN_XP_COUNT];
-} open_rec;
-
-typedef struct conv {
-    k3_conv_plan *p;
-    const k3_conv_opts *o;
-    k3_conv_stats *s;
-    k3_progress *prog;
-    uint8_t (*shard_sha)[32];
-    k3_conv_w tw, xw;           /* trunk and experts writers of the group */
-    int has_t, has_x;
-    uint64_t ti;                /* tensor cursor */
-    uint32_t g;                 /* the group being converted */
-    uint8_t *scratch;           /* CHUNK + 64 */
-    uint8_t carry[8];
-    uint32_t carry_len;
-    uint64_t out_done;
-    open_rec recs[K3_CONV_MAX_OPEN_RECORDS];
-    /* the embedding's row CRCs (embed.crc), taken as its bytes are written */
-    int64_t embed_t;            /* index into plan->tensors, -1 if none */
-    uint32_t embed_group;
-    uint32_t *erow;             /* vocab_size */
-    uint64_t erow_rb, erow_at;  /* row bytes; output bytes of the table fed so far */
-    uint32_t erow_c;            /* CRC of the current row so far */
-    uint8_t erow_sha[32];       /* of the journal's embed-crc.bin */
-} conv;
 
 /* Fold n output bytes of the embedding at byte off of the table (bytes come
  * in order) into the row CRCs. */
@@ -499,10 +319,10 @@ static int process_chunk(conv *cv, const chunk *c, k3_err *e)
         int rc = 0;
         if (ct->role == K3_CONV_T_TRUNK && p->slot_group[ct->slot] == cv->g)
             rc = handle_trunk(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo,
-                              chunk_zero(c, lo - c->off, hi - c->off), e);
+                              k3_conv_chunk_zero(c, lo - c->off, hi - c->off), e);
         else if (ct->role == K3_CONV_T_EXPERT && p->recs[ct->rec].group == cv->g)
             rc = handle_expert(cv, ct, lo - t->offset, c->buf + (lo - c->off), hi - lo,
-                               chunk_zero(c, lo - c->off, hi - c->off), e);
+                               k3_conv_chunk_zero(c, lo - c->off, hi - c->off), e);
         if (rc)
             return rc;
         if (hi < tend)
@@ -510,222 +330,6 @@ static int process_chunk(conv *cv, const chunk *c, k3_err *e)
         cv->ti++;
     }
     return 0;
-}
-
-/* ---- journal ------------------------------------------------------------------ */
-
-/* DST's journal (k3_journal.h): plan.json, group-NNNN.json, embed-crc.bin */
-static int conv_journal(k3_journal *j, const char *dst, k3_err *e)
-{
-    return k3_journal_init(j, dst, JOURNAL, "plan.json", e);
-}
-
-static cJSON *crc_array(const uint32_t *crc, uint32_t n)
-{
-    cJSON *a = cJSON_CreateArray();
-    for (uint32_t i = 0; a && i < n; i++) {
-        char h[9];
-        snprintf(h, sizeof h, "%08x", crc[i]);
-        cJSON_AddItemToArray(a, cJSON_CreateString(h));
-    }
-    return a;
-}
-
-static cJSON *named_hash(const char *name, uint64_t size, const uint8_t sha[32])
-{
-    cJSON *o = cJSON_CreateObject();
-    char hex[65];
-    k3_man_hex(sha, hex);
-    cJSON_AddStringToObject(o, "name", name);
-    cJSON_AddNumberToObject(o, "size", (double)size);
-    cJSON_AddStringToObject(o, "sha256", hex);
-    return o;
-}
-
-static int journal_write_group(conv *cv, uint32_t g, k3_err *e)
-{
-    k3_conv_plan *p = cv->p;
-    const k3_conv_group *G = &p->groups[g];
-    char hex[65], name[64];
-    k3_journal j;
-    int jrc = conv_journal(&j, p->dst, e);
-    if (jrc)
-        return jrc;
-    cJSON *root = cJSON_CreateObject();
-    k3_man_hex(p->fingerprint, hex);
-    cJSON_AddStringToObject(root, "fingerprint", hex);
-    cJSON_AddNumberToObject(root, "group", g);
-    cJSON *sh = cJSON_AddArrayToObject(root, "shards");
-    for (uint32_t s = G->shard_first; s < G->shard_end; s++)
-        cJSON_AddItemToArray(sh, named_hash(k3_st_shard_name(p->st, s), k3_st_shard_size(p->st, s), cv->shard_sha[s]));
-    cJSON *fs = cJSON_AddArrayToObject(root, "files");
-    const k3_conv_ofile *of[2] = {&G->trunk, &G->experts};
-    for (int k = 0; k < 2; k++)
-        if (of[k]->size)
-            cJSON_AddItemToArray(fs, named_hash(of[k]->name, of[k]->size, p->man.files[of[k]->file_index].sha256));
-    cJSON_AddItemToObject(root, "unit_crcs", crc_array(G->trunk.region_crc, G->trunk.nregions));
-    cJSON_AddItemToObject(root, "record_crcs", crc_array(G->experts.region_crc, G->experts.nregions));
-    if (g == cv->embed_group && cv->embed_t >= 0) {
-        /* the embedding's row CRCs, kept beside the entry that names their hash */
-        const uint64_t V = p->cfg.vocab_size;
-        uint8_t *b = malloc(4 * V + 1);
-        int rc = b ? 0 : k3_err_set(e, K3_ENOMEM, "out of memory");
-        if (rc == 0 && cv->erow_at != V * cv->erow_rb)
-            rc = k3_err_set(e, K3_EINTERNAL, "embedding: %" PRIu64 " bytes written, %" PRIu64 " expected", cv->erow_at,
-                            V * cv->erow_rb);
-        for (uint64_t i = 0; rc == 0 && i < V; i++)
-            for (int k = 0; k < 4; k++)
-                b[4 * i + k] = (uint8_t)(cv->erow[i] >> (8 * k));
-        unsigned int hl;
-        if (rc == 0) {
-            EVP_Digest(b, 4 * V, cv->erow_sha, &hl, EVP_sha256(), NULL);
-            rc = k3_journal_put_blob(&j, "embed-crc.bin", b, 4 * V, e);
-        }
-        free(b);
-        if (rc) {
-            cJSON_Delete(root);
-            return rc;
-        }
-        k3_man_hex(cv->erow_sha, hex);
-        cJSON_AddStringToObject(root, "embed_crc_sha256", hex);
-    }
-    /* sealed with its SHA-256, so that --resume never takes a value that
-     * reads back differently from what was written */
-    snprintf(name, sizeof name, "group-%04u.json", g);
-    int rc = k3_journal_put(&j, name, root, e);
-    cJSON_Delete(root);
-    return rc;
-}
-
-static int sha_file(const char *path, uint8_t sha[32], k3_err *e)
-{
-    int fd = k3_io_open_read(path, 0, NULL, e);
-    if (fd < 0)
-        return fd;
-    uint64_t size, off = 0;
-    int rc = k3_io_file_size(fd, &size, path, e);
-    uint8_t *buf = rc ? NULL : malloc(4u << 20);
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    if (rc == 0 && (!buf || !md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1))
-        rc = k3_err_set(e, K3_ENOMEM, "out of memory");
-    while (rc == 0 && off < size) {
-        uint64_t n = size - off < (4u << 20) ? size - off : (4u << 20);
-        if ((rc = k3_io_pread(fd, buf, n, off, path, e)) == 0)
-            EVP_DigestUpdate(md, buf, (size_t)n);
-        off += n;
-    }
-    unsigned int len;
-    if (rc == 0)
-        EVP_DigestFinal_ex(md, sha, &len);
-    EVP_MD_CTX_free(md);
-    free(buf);
-    close(fd);
-    return rc;
-}
-
-static int parse_crcs(const cJSON *a, uint32_t *out, uint32_t n)
-{
-    if (!cJSON_IsArray(a) || (uint32_t)cJSON_GetArraySize(a) != n)
-        return -1;
-    uint32_t i = 0;
-    for (const cJSON *it = a->child; it; it = it->next, i++) {
-        char *end;
-        if (!cJSON_IsString(it) || strlen(it->valuestring) != 8)
-            return -1;
-        out[i] = (uint32_t)strtoul(it->valuestring, &end, 16);
-        if (*end)
-            return -1;
-    }
-    return 0;
-}
-
-static int check_named(const cJSON *o, const char *name, uint64_t size, uint8_t sha[32])
-{
-    const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "name");
-    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "size");
-    const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "sha256");
-    if (!cJSON_IsString(n) || strcmp(n->valuestring, name) || !cJSON_IsNumber(s) || s->valuedouble != (double)size ||
-        !cJSON_IsString(h) || k3_man_unhex(h->valuestring, sha))
-        return -1;
-    return 0;
-}
-
-/* Is group g finished according to the journal, and are its files what the
- * journal says? Returns 1 (done, results loaded), 0 (redo), <0 on error. */
-static int journal_load_group(conv *cv, uint32_t g, const char **why, k3_err *e)
-{
-    k3_conv_plan *p = cv->p;
-    k3_conv_group *G = &p->groups[g];
-    char name[64], hex[65];
-    k3_journal j;
-    int rc = conv_journal(&j, p->dst, e);
-    if (rc)
-        return rc;
-    snprintf(name, sizeof name, "group-%04u.json", g);
-    k3_err ignore = {0};
-    cJSON *root = k3_journal_get(&j, name, why);
-    if (!root)
-        return 0;
-    int ok = 0;
-    k3_man_hex(p->fingerprint, hex);
-    const cJSON *fp = cJSON_GetObjectItemCaseSensitive(root, "fingerprint");
-    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(root, "shards");
-    const cJSON *fs = cJSON_GetObjectItemCaseSensitive(root, "files");
-    *why = "journal entry from another plan";
-    if (!root || !cJSON_IsString(fp) || strcmp(fp->valuestring, hex) || !cJSON_IsArray(sh) || !cJSON_IsArray(fs) ||
-        (uint32_t)cJSON_GetArraySize(sh) != G->shard_end - G->shard_first)
-        goto out;
-    const cJSON *it = sh->child;
-    for (uint32_t s = G->shard_first; s < G->shard_end; s++, it = it->next)
-        if (check_named(it, k3_st_shard_name(p->st, s), k3_st_shard_size(p->st, s), cv->shard_sha[s]))
-            goto out;
-    it = fs->child;
-    k3_conv_ofile *of[2] = {&G->trunk, &G->experts};
-    for (int k = 0; k < 2; k++) {
-        if (!of[k]->size)
-            continue;
-        uint8_t *sha = p->man.files[of[k]->file_index].sha256;
-        if (!it || check_named(it, of[k]->name, of[k]->size, sha))
-            goto out;
-        it = it->next;
-        char fpath[4200];
-        struct stat st;
-        *why = "output file missing or of the wrong size";
-        if (k3_io_path_join(fpath, sizeof fpath, p->dst, of[k]->name, e) || stat(fpath, &st) != 0 ||
-            (uint64_t)st.st_size != of[k]->size)
-            goto out;
-        if (cv->o->rehash) {
-            uint8_t now[32];
-            *why = "output file does not hash to the journal's SHA-256";
-            if (sha_file(fpath, now, &ignore) || memcmp(now, sha, 32))
-                goto out;
-        }
-    }
-    *why = "bad CRC table in the journal entry";
-    if (parse_crcs(cJSON_GetObjectItemCaseSensitive(root, "unit_crcs"), G->trunk.region_crc, G->trunk.nregions) ||
-        parse_crcs(cJSON_GetObjectItemCaseSensitive(root, "record_crcs"), G->experts.region_crc, G->experts.nregions))
-        goto out;
-    if (g == cv->embed_group && cv->embed_t >= 0) {
-        const cJSON *h = cJSON_GetObjectItemCaseSensitive(root, "embed_crc_sha256");
-        const uint64_t V = p->cfg.vocab_size;
-        uint8_t *b = malloc(4 * V + 1);
-        uint8_t want[32];
-        *why = "the embedding's row CRCs in the journal are missing or do not hash to the entry's SHA-256";
-        if (!b || !cJSON_IsString(h) || k3_man_unhex(h->valuestring, want) ||
-            k3_journal_get_blob(&j, "embed-crc.bin", 4 * V, want, b)) {
-            free(b);
-            goto out;
-        }
-        for (uint64_t i = 0; i < V; i++) {
-            const uint8_t *q = b + 4 * i;
-            cv->erow[i] = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
-        }
-        free(b);
-    }
-    ok = 1;
-out:
-    cJSON_Delete(root);
-    return ok;
 }
 
 /* ---- one group -------------------------------------------------------------- */
@@ -757,7 +361,7 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
     rd->holes = 0;
     k3_err_clear(&rd->err);
     pthread_t th;
-    if (pthread_create(&th, NULL, reader_main, rd) != 0) {
+    if (pthread_create(&th, NULL, k3_conv_reader_main, rd) != 0) {
         rc = k3_err_set(e, K3_EINTERNAL, "cannot start the reader thread");
         goto fail;
     }
@@ -812,7 +416,7 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
         if (!have)
             break;
         chunk *c = &rd->slots[rd->head];
-        if (stop_requested)
+        if (k3_conv_stop_requested)
             rc = k3_err_set(e, K3_EINTR, "interrupted");
         if (rc == 0)
             rc = process_chunk(cv, c, e);
@@ -859,7 +463,7 @@ static int convert_group(conv *cv, uint32_t g, reader *rd, k3_err *e)
             k3_conv_w_close(ws[k], 0);
     cv->has_t = cv->has_x = 0;
     crash_point("published", g);
-    rc = journal_write_group(cv, g, e);
+    rc = k3_conv_journal_write_group(cv, g, e);
     if (rc == 0)
         crash_point("journaled", g);
     return rc;
@@ -888,7 +492,7 @@ static const k3_dest_tool conv_tool = {"k3-convert", K3_DEST_PACKED, NULL};
 static int remove_journal(const char *dst, k3_err *e)
 {
     k3_journal j;
-    int rc = conv_journal(&j, dst, e);
+    int rc = k3_conv_journal(&j, dst, e);
     return rc ? rc : k3_journal_remove(&j, e);
 }
 
@@ -907,7 +511,7 @@ static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_dest_state sta
          * that it holds nothing else) */
         char mp[4200];
         k3_journal j;
-        int rc = conv_journal(&j, dst, e);
+        int rc = k3_conv_journal(&j, dst, e);
         if (rc == 0)
             rc = k3_io_path_join(mp, sizeof mp, dst, "manifest.json", e);
         if (rc)
@@ -943,7 +547,7 @@ static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_dest_state sta
             return rc;
     }
     k3_journal j;
-    int rc = conv_journal(&j, dst, e);
+    int rc = k3_conv_journal(&j, dst, e);
     if (rc == 0)
         rc = k3_journal_begin(&j, hex, e);
     return rc ? rc : k3_io_fsync_dir(dst, e);
@@ -1129,7 +733,7 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
     for (uint64_t i = 0; i < plan.ntensors; i++) {
         const k3_conv_tensor *ct = &plan.tensors[i];
         if (ct->role == K3_CONV_T_TRUNK &&
-            !strcmp(plan.man.tensors[ct->out_tensor].name, "language_model.model.embed_tokens.weight")) {
+            !strcmp(plan.man.tensors[ct->out_tensor].name, K3_SCH_EMBED_NAME)) {
             cv.embed_t = (int64_t)i;
             cv.embed_group = plan.slot_group[ct->slot];
             cv.erow_rb = plan.man.tensors[ct->out_tensor].shape[1] * k3_dtype_size(ct->out_dtype);
@@ -1151,7 +755,7 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
     uint64_t todo = 0;
     for (uint32_t g = 0; g < plan.ngroups; g++) {
         const char *why = "";
-        int done = o->resume ? journal_load_group(&cv, g, &why, e) : 0;
+        int done = o->resume ? k3_conv_journal_load_group(&cv, g, &why, e) : 0;
         if (done < 0) {
             rc = done;
             goto out;

@@ -160,73 +160,26 @@ uint64_t k3_view_numel(const k3_view *v)
 
 static int is_vector_slot(k3_wslot s)
 {
-    switch (s) {
-    case K3_W_INPUT_NORM: case K3_W_POST_NORM: case K3_W_SA_RES_NORM: case K3_W_SA_RES_PROJ:
-    case K3_W_MLP_RES_NORM: case K3_W_MLP_RES_PROJ: case K3_W_KDA_QCONV: case K3_W_KDA_KCONV:
-    case K3_W_KDA_VCONV: case K3_W_KDA_ALOG: case K3_W_KDA_DTBIAS: case K3_W_KDA_ONORM:
-    case K3_W_MLA_QA_NORM: case K3_W_MLA_KVA_NORM: case K3_W_MOE_BIAS: case K3_W_MOE_NORM:
-    case K3_W_FINAL_NORM: case K3_W_OUT_RES_NORM: case K3_W_OUT_RES_PROJ:
-        return 1;
-    default:
-        return 0;
-    }
+    const k3_sch_row *r = k3_schema_row((uint32_t)s);
+    return r && r->cls != K3_SCH_MATRIX;
 }
 
-/* Expected shape of a slot: a matrix rows x cols, or a vector of n (cols = 0;
- * for A_log at least n). Returns 0 if the slot is optional-absent for cfg. */
-static int slot_shape(const k3_dims *d, k3_wslot s, uint64_t *rows, uint64_t *cols)
+/* Every slot of group g the schema expects for the config, checked against
+ * what the source describes: a matrix shape for shape, a vector (and conv
+ * taps) by count, A_log at least H values. */
+static int check_group(k3_model *m, uint32_t g, uint64_t *smalls_need, k3_err *e)
 {
-    *cols = 0;
-    switch (s) {
-    case K3_W_INPUT_NORM: case K3_W_POST_NORM: case K3_W_SA_RES_NORM: case K3_W_SA_RES_PROJ:
-    case K3_W_MLP_RES_NORM: case K3_W_MLP_RES_PROJ: case K3_W_FINAL_NORM:
-    case K3_W_OUT_RES_NORM: case K3_W_OUT_RES_PROJ:
-        *rows = d->E; return 1;
-    case K3_W_KDA_Q: case K3_W_KDA_K: case K3_W_KDA_V: case K3_W_KDA_G:
-        *rows = d->P; *cols = d->E; return 1;
-    case K3_W_KDA_O: *rows = d->E; *cols = d->P; return 1;
-    case K3_W_KDA_FA: *rows = d->D; *cols = d->E; return 1;
-    case K3_W_KDA_FB: *rows = d->P; *cols = d->D; return 1;
-    case K3_W_KDA_B: *rows = d->H; *cols = d->E; return 1;
-    case K3_W_KDA_QCONV: case K3_W_KDA_KCONV: case K3_W_KDA_VCONV:
-        *rows = (uint64_t)d->P * d->CW; return 1;
-    case K3_W_KDA_ALOG: *rows = d->H; return 1;
-    case K3_W_KDA_DTBIAS: *rows = d->P; return 1;
-    case K3_W_KDA_ONORM: *rows = d->D; return 1;
-    case K3_W_MLA_QA: *rows = d->QL; *cols = d->E; return 1;
-    case K3_W_MLA_QA_NORM: *rows = d->QL; return 1;
-    case K3_W_MLA_QB: *rows = (uint64_t)d->MH * d->QK; *cols = d->QL; return 1;
-    case K3_W_MLA_KVA: *rows = (uint64_t)d->KVL + d->ROPE; *cols = d->E; return 1;
-    case K3_W_MLA_KVA_NORM: *rows = d->KVL; return 1;
-    case K3_W_MLA_KVB: *rows = (uint64_t)d->MH * (d->NOPE + d->VD); *cols = d->KVL; return 1;
-    case K3_W_MLA_O: *rows = d->E; *cols = (uint64_t)d->MH * d->VD; return 1;
-    case K3_W_MLA_G: *rows = (uint64_t)d->MH * d->VD; *cols = d->E; return d->mla_gate;
-    case K3_W_MLP_GATE: case K3_W_MLP_UP: *rows = d->IDN; *cols = d->E; return 1;
-    case K3_W_MLP_DOWN: *rows = d->E; *cols = d->IDN; return 1;
-    case K3_W_MOE_ROUTER: *rows = d->NE; *cols = d->E; return 1;
-    case K3_W_MOE_BIAS: *rows = d->NE; return 1;
-    case K3_W_MOE_LDOWN: *rows = d->LAT; *cols = d->E; return 1;
-    case K3_W_MOE_LUP: *rows = d->E; *cols = d->LAT; return 1;
-    case K3_W_MOE_NORM: *rows = d->LAT; return d->moe_norm;
-    case K3_W_MOE_SH_GATE: case K3_W_MOE_SH_UP:
-        *rows = (uint64_t)d->I * d->NSH; *cols = d->E; return d->NSH > 0;
-    case K3_W_MOE_SH_DOWN: *rows = d->E; *cols = (uint64_t)d->I * d->NSH; return d->NSH > 0;
-    case K3_W_LM_HEAD: *rows = d->V; *cols = d->E; return 1;
-    default: return 0;
-    }
-}
-
-static int check_group(k3_model *m, uint32_t g, int is_head, int is_mla, int is_dense,
-                       uint64_t *smalls_need, k3_err *e)
-{
+    const int is_head = g == K3_WS_HEAD(&m->cfg);
     uint64_t need = 0;
     for (int si = 0; si < K3_W_COUNT; si++) {
         k3_wslot s = (k3_wslot)si;
-        if (is_head ? !k3_wslot_in_head(s) : !k3_wslot_in_layer(s, is_mla, is_dense))
+        const k3_sch_row *r = k3_schema_row((uint32_t)si);
+        if (!k3_schema_in_group(&m->cfg, r, g))
             continue;
-        uint64_t rows, cols;
-        if (!slot_shape(&m->d, s, &rows, &cols))
-            continue;
+        uint64_t shape[3];
+        const uint64_t count = k3_schema_shape(&m->cfg, r, shape);
+        const uint64_t rows = r->cls == K3_SCH_MATRIX ? shape[0] : count;
+        const uint64_t cols = r->cls == K3_SCH_MATRIX ? shape[1] : 0;
         k3_view v;
         memset(&v, 0, sizeof v);
         int rc = k3_ws_describe(m->ws, g, s, &v, e);
@@ -248,11 +201,12 @@ static int check_group(k3_model *m, uint32_t g, int is_head, int is_mla, int is_
             if (v.dtype != K3_DT_BF16 && v.dtype != K3_DT_F16 && v.dtype != K3_DT_F32)
                 return k3_err_set(e, K3_EFORMAT, "%s %u: tensor %s has dtype %s, expected BF16, F16 or F32",
                                   where, is_head ? 0 : g, k3_wslot_name(s), k3_dtype_name(v.dtype));
-            int ok = s == K3_W_KDA_ALOG ? n >= rows : n == rows;
+            const int alog = r->cls == K3_SCH_ALOG;
+            int ok = alog ? n >= rows : n == rows;
             if (!ok)
                 return k3_err_set(e, K3_EFORMAT, "%s %u: tensor %s has %llu elements, expected %s%llu",
                                   where, is_head ? 0 : g, k3_wslot_name(s), (unsigned long long)n,
-                                  s == K3_W_KDA_ALOG ? "at least " : "", (unsigned long long)rows);
+                                  alog ? "at least " : "", (unsigned long long)rows);
             need += n;
         }
     }
@@ -315,17 +269,8 @@ static uint32_t *ualloc(uint64_t n, int *bad)
     return p;
 }
 
-int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *e)
+static void model_dims(k3_dims *d, const k3_cfg *c)
 {
-    *out = NULL;
-    k3_kern_init();
-    k3_model *m = calloc(1, sizeof *m);
-    if (!m)
-        return k3_err_set(e, K3_ENOMEM, "out of memory opening the model");
-    m->ws = ws;
-    m->cfg = *k3_ws_cfg(ws);
-    const k3_cfg *c = &m->cfg;
-    k3_dims *d = &m->d;
     d->E = c->hidden_size; d->V = c->vocab_size; d->NL = c->num_hidden_layers;
     d->H = c->kda_num_heads; d->D = c->kda_head_dim; d->P = d->H * d->D;
     d->CW = c->short_conv_kernel_size; d->MH = c->num_attention_heads;
@@ -339,6 +284,73 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
     d->b1 = (float)c->situ_beta; d->b2 = (float)c->situ_linear_beta;
     d->rsf = (float)c->routed_scaling_factor;
     d->mla_gate = c->mla_use_output_gate; d->renorm = c->moe_renormalize; d->moe_norm = c->latent_moe_use_norm;
+}
+
+/* Bytes of falloc(n) / ualloc(n). */
+static uint64_t fbytes(uint64_t n) { return (n ? n : 1) * sizeof(float); }
+static uint64_t ubytes(uint64_t n) { return (n ? n : 1) * sizeof(uint32_t); }
+
+/* The sizes of open and create below, buffer for buffer (keep the two in
+ * step: tests/t_schema.c compares them with what is allocated). */
+void k3_model_mem_need(const k3_cfg *c, uint32_t max_chunk, uint32_t max_ctx, uint32_t nthreads,
+                       uint32_t expert_batch, k3_model_mem *out)
+{
+    k3_dims dd, *d = &dd;
+    memset(d, 0, sizeof *d);
+    model_dims(d, c);
+    for (uint32_t L = 0; L < d->NL; L++)
+        *(k3_cfg_layer_is_mla(c, L) ? &d->n_mla : &d->n_kda) += 1;
+    /* the largest group's vectors (check_group's smalls) */
+    uint64_t smalls = 0;
+    uint32_t nrows;
+    const k3_sch_row *rows = k3_schema_rows(&nrows);
+    for (uint32_t g = 0; g <= d->NL; g++) {
+        uint64_t need = 0, sh[3];
+        for (uint32_t i = 0; i < nrows; i++)
+            if (rows[i].cls != K3_SCH_MATRIX && k3_schema_in_group(c, &rows[i], g))
+                need += k3_schema_shape(c, &rows[i], sh);
+        if (need > smalls)
+            smalls = need;
+    }
+    const uint64_t T = max_chunk ? max_chunk : 64, E = d->E, P = d->P, MH = d->MH;
+    uint64_t b = sizeof(struct k3_model) + d->NL * (sizeof(uint32_t) + sizeof(double));
+    b += fbytes(smalls) + 3 * fbytes(E) + 6 * fbytes(T * E) + fbytes((uint64_t)d->NB * T * E);
+    if (d->n_kda)
+        b += 9 * fbytes(T * P) + fbytes(T * d->H) + fbytes(T * d->D);
+    if (d->n_mla)
+        b += fbytes(T * d->QL) + fbytes(T * MH * d->QK) + fbytes(T * (d->KVL + d->ROPE)) +
+             2 * fbytes(T * MH * d->KVL) + 3 * fbytes(T * MH * d->VD);
+    uint64_t inner = d->IDN;
+    if ((uint64_t)d->I * d->NSH > inner)
+        inner = (uint64_t)d->I * d->NSH;
+    b += 2 * fbytes(T * inner);
+    if (d->NL > c->first_k_dense_replace) {
+        const uint64_t TK = T * d->TOPK, xb = expert_batch && expert_batch <= d->NE ? expert_batch : d->NE;
+        b += fbytes(T * d->NE) + fbytes(TK) + ubytes(TK) + 2 * fbytes(T * d->LAT) + 2 * fbytes(T * d->I) +
+             fbytes(T * d->LAT) + fbytes(TK * d->LAT) + fbytes(T * d->LAT) + fbytes(T * E) + 2 * ubytes(d->NE) +
+             2 * ubytes(TK) + (xb ? xb : 1) * sizeof(k3_expert_view);
+    }
+    /* the pass: product row blocks, segments, row maps, head rows */
+    b += fbytes(T * K3_MM_BLOCK) + T * sizeof(k3_seg) + T * sizeof(float *) + 3 * ubytes(T);
+    out->model = b;
+    out->kv = fbytes((uint64_t)d->n_mla * max_ctx * (d->KVL + d->ROPE));
+    out->state = sizeof(struct k3_sess) + fbytes((uint64_t)d->n_kda * d->H * d->D * d->D) +
+                 fbytes((uint64_t)d->n_kda * 3 * (d->CW - 1) * d->P);
+    out->scores = fbytes((uint64_t)(nthreads ? nthreads : 1) * max_ctx);
+}
+
+int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *e)
+{
+    *out = NULL;
+    k3_kern_init();
+    k3_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return k3_err_set(e, K3_ENOMEM, "out of memory opening the model");
+    m->ws = ws;
+    m->cfg = *k3_ws_cfg(ws);
+    const k3_cfg *c = &m->cfg;
+    k3_dims *d = &m->d;
+    model_dims(d, c);
     if (d->CW < 1 || d->E == 0 || d->V == 0 || d->NL == 0 || d->TOPK == 0 || d->TOPK > d->NE ||
         d->NL > K3_CFG_MAX_LAYERS || d->D > 4096 || d->D == 0) {
         int rc = k3_err_set(e, K3_EFORMAT,
@@ -363,9 +375,9 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
     uint64_t smalls = 0;
     int rc = 0;
     for (uint32_t L = 0; L < d->NL && rc == 0; L++)
-        rc = check_group(m, L, 0, k3_cfg_layer_is_mla(c, L), k3_cfg_layer_is_dense(c, L), &smalls, e);
+        rc = check_group(m, L, &smalls, e);
     if (rc == 0)
-        rc = check_group(m, K3_WS_HEAD(c), 1, 0, 0, &smalls, e);
+        rc = check_group(m, K3_WS_HEAD(c), &smalls, e);
     if (rc < 0) {
         k3_model_close(m);
         return rc;

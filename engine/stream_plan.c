@@ -15,6 +15,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,8 @@
 
 #include "k3_io.h"
 #include "k3_mem.h"
+#include "k3_model.h"
+#include "k3_schema.h"
 #include "k3_stream.h"
 
 #define MIB (1ull << 20)
@@ -103,141 +106,73 @@ uint64_t k3_stream_arena_bytes(uint64_t n)
 void k3_stream_model_mem(const k3_cfg *c, uint32_t max_chunk, uint32_t max_ctx, uint32_t nthreads,
                          uint64_t *scratch, uint64_t *kv, uint64_t *state)
 {
-    const uint64_t T = max_chunk ? max_chunk : 64, E = c->hidden_size, NL = c->num_hidden_layers;
-    const uint64_t H = c->kda_num_heads, D = c->kda_head_dim, P = H * D, CW = c->short_conv_kernel_size;
-    const uint64_t MH = c->num_attention_heads, QK = (uint64_t)c->qk_nope_head_dim + c->qk_rope_head_dim;
-    const uint64_t QL = c->q_lora_rank, KVL = c->kv_lora_rank, ROPE = c->qk_rope_head_dim, VD = c->v_head_dim;
-    const uint64_t NE = c->num_experts, K = c->num_experts_per_token, LAT = c->routed_expert_hidden_size;
-    const uint64_t I = c->moe_intermediate_size, NSH = c->num_shared_experts, IDN = c->intermediate_size;
-    const uint64_t B = c->attn_res_block_size ? c->attn_res_block_size : 1, NB = (NL + B - 1) / B;
-    uint64_t n_mla = 0, n_kda = 0;
-    for (uint32_t L = 0; L < NL; L++)
-        if (k3_cfg_layer_is_mla(c, L))
-            n_mla++;
-        else
-            n_kda++;
-    /* floats, mirroring k3_model_open */
-    uint64_t f = 0;
-    uint64_t smalls = 9 * E + 3 * P * CW + H + P + D + QL + KVL + NE + LAT;
-    f += smalls + 3 * E + 6 * T * E + NB * T * E;
-    if (n_kda)
-        f += 9 * T * P + T * H + T * D;
-    if (n_mla)
-        f += T * QL + T * MH * QK + T * (KVL + ROPE) + 2 * T * MH * KVL + 3 * T * MH * VD;
-    uint64_t inner = IDN > I * NSH ? IDN : I * NSH;
-    f += 2 * T * inner;
-    if (NL > c->first_k_dense_replace)
-        f += T * NE + T * K + 4 * T * LAT + 2 * T * I + T * K * LAT + T * E + 3 * T * K + 2 * NE;
-    f += T * 4096 + 10 * T; /* product row blocks (K3_MM_BLOCK), a pass's segments */
-    f += (uint64_t)(nthreads ? nthreads : 1) * max_ctx; /* attention scores */
-    *scratch = f * 4 + NE * 48;   /* + expert views */
-    *kv = n_mla * max_ctx * (KVL + ROPE) * 4;
-    *state = (n_kda * H * D * D + n_kda * 3 * (CW ? CW - 1 : 0) * P) * 4;
+    k3_model_mem mm;   /* the model's own sizes; expert views for a whole layer (the most a source asks) */
+    k3_model_mem_need(c, max_chunk, max_ctx, nthreads, 0, &mm);
+    *scratch = mm.model + mm.scores;
+    *kv = mm.kv;
+    *state = mm.state;
 }
 
 static uint64_t a64(uint64_t n) { return (n + 63) / 64 * 64; }
 
 void k3_stream_cfg_groups(const k3_cfg *c, uint64_t *gb, uint64_t *embed_row, uint64_t *stride)
 {
-    const uint64_t E = c->hidden_size, H = c->kda_num_heads, D = c->kda_head_dim, P = H * D;
-    const uint64_t CW = c->short_conv_kernel_size, MH = c->num_attention_heads;
-    const uint64_t QK = (uint64_t)c->qk_nope_head_dim + c->qk_rope_head_dim, QL = c->q_lora_rank;
-    const uint64_t KVL = c->kv_lora_rank, ROPE = c->qk_rope_head_dim, VD = c->v_head_dim;
-    const uint64_t NE = c->num_experts, LAT = c->routed_expert_hidden_size, I = c->moe_intermediate_size;
-    const uint64_t NSH = c->num_shared_experts, IDN = c->intermediate_size, NOPE = c->qk_nope_head_dim;
+    uint32_t nrows;
+    const k3_sch_row *rows = k3_schema_rows(&nrows);
     for (uint32_t L = 0; L <= c->num_hidden_layers; L++) {
-        uint64_t b = 0;
-        if (L == c->num_hidden_layers) {
-            b = 3 * a64(E * 2) + a64((uint64_t)c->vocab_size * E * 2);
-        } else {
-            b = 6 * a64(E * 2);
-            if (k3_cfg_layer_is_mla(c, L)) {
-                b += a64(QL * E * 2) + a64(QL * 2) + a64(MH * QK * QL * 2) + a64((KVL + ROPE) * E * 2) +
-                     a64(KVL * 2) + a64(MH * (NOPE + VD) * KVL * 2) + a64(E * MH * VD * 2) +
-                     (c->mla_use_output_gate ? a64(MH * VD * E * 2) : 0);
-            } else {
-                b += 5 * a64(P * E * 2) + a64(D * E * 2) + a64(P * D * 2) + a64(H * E * 2) + 3 * a64(P * CW * 2) +
-                     a64(H * 4) + a64(P * 4) + a64(D * 2);
-            }
-            if (k3_cfg_layer_is_dense(c, L))
-                b += 3 * a64(IDN * E * 2);
-            else
-                b += a64(NE * E * 2) + a64(NE * 4) + 2 * a64(LAT * E * 2) +
-                     (c->latent_moe_use_norm ? a64(LAT * 2) : 0) + 3 * a64(I * NSH * E * 2);
-        }
+        uint64_t b = 0, shape[3];
+        for (uint32_t i = 0; i < nrows; i++)
+            if (k3_schema_in_group(c, &rows[i], L))
+                b += a64(k3_schema_shape(c, &rows[i], shape) * rows[i].est_bytes);
         gb[L] = (b + 4095) / 4096 * 4096;
     }
-    *embed_row = E * 2;
+    const uint64_t LAT = c->routed_expert_hidden_size, I = c->moe_intermediate_size;
+    *embed_row = (uint64_t)c->hidden_size * 2;
     uint64_t r = a64(I * LAT / 2) + a64(I * LAT / 32);
     r = 2 * r + a64(LAT * I / 2) + LAT * I / 32;
     *stride = c->num_hidden_layers > c->first_k_dense_replace ? (r + 4095) / 4096 * 4096 : 0;
 }
 
-static const k3_wslot piece_order[] = {
-    K3_W_KDA_Q, K3_W_KDA_K, K3_W_KDA_V, K3_W_KDA_G, K3_W_KDA_B, K3_W_KDA_FA, K3_W_KDA_FB, K3_W_KDA_O,
-    K3_W_MLA_QA, K3_W_MLA_QB, K3_W_MLA_KVA, K3_W_MLA_G, K3_W_MLA_O,
-    K3_W_MLP_GATE, K3_W_MLP_UP, K3_W_MLP_DOWN,
-    K3_W_MOE_ROUTER, K3_W_MOE_LDOWN, K3_W_MOE_SH_GATE, K3_W_MOE_SH_UP, K3_W_MOE_SH_DOWN, K3_W_MOE_LUP,
-    K3_W_LM_HEAD,
-};
+/* The schema's streamable rows in its (the model's use) order, made once. */
+static k3_wslot piece_order[K3_W_COUNT];
+static uint32_t piece_n;
+static pthread_once_t piece_once = PTHREAD_ONCE_INIT;
+
+static void piece_init(void)
+{
+    uint32_t nrows;
+    const k3_sch_row *rows = k3_schema_rows(&nrows);
+    for (uint32_t i = 0; i < nrows; i++)
+        if (rows[i].stream)
+            piece_order[piece_n++] = (k3_wslot)rows[i].slot;
+}
 
 uint32_t k3_stream_piece_slots(const k3_wslot **slots)
 {
+    pthread_once(&piece_once, piece_init);
     *slots = piece_order;
-    return (uint32_t)(sizeof piece_order / sizeof piece_order[0]);
-}
-
-/* rows x cols of a BF16 matrix slot in layer L (0 if absent there) */
-static void mat_shape(const k3_cfg *c, uint32_t L, k3_wslot s, uint64_t *rows, uint64_t *cols)
-{
-    const uint64_t E = c->hidden_size, P = (uint64_t)c->kda_num_heads * c->kda_head_dim, D = c->kda_head_dim;
-    const uint64_t H = c->kda_num_heads, MH = c->num_attention_heads, VD = c->v_head_dim;
-    const uint64_t QK = (uint64_t)c->qk_nope_head_dim + c->qk_rope_head_dim;
-    const uint64_t IS = (uint64_t)c->moe_intermediate_size * c->num_shared_experts, LAT = c->routed_expert_hidden_size;
-    const int head = L == c->num_hidden_layers;
-    const int mla = !head && k3_cfg_layer_is_mla(c, L), dense = !head && k3_cfg_layer_is_dense(c, L);
-    *rows = *cols = 0;
-    if (head) {
-        if (s == K3_W_LM_HEAD) { *rows = c->vocab_size; *cols = E; }
-        return;
-    }
-    switch (s) {
-    case K3_W_KDA_Q: case K3_W_KDA_K: case K3_W_KDA_V: case K3_W_KDA_G:
-        if (!mla) { *rows = P; *cols = E; } break;
-    case K3_W_KDA_O: if (!mla) { *rows = E; *cols = P; } break;
-    case K3_W_KDA_B: if (!mla) { *rows = H; *cols = E; } break;
-    case K3_W_KDA_FA: if (!mla) { *rows = D; *cols = E; } break;
-    case K3_W_KDA_FB: if (!mla) { *rows = P; *cols = D; } break;
-    case K3_W_MLA_QA: if (mla) { *rows = c->q_lora_rank; *cols = E; } break;
-    case K3_W_MLA_QB: if (mla) { *rows = MH * QK; *cols = c->q_lora_rank; } break;
-    case K3_W_MLA_KVA: if (mla) { *rows = (uint64_t)c->kv_lora_rank + c->qk_rope_head_dim; *cols = E; } break;
-    case K3_W_MLA_G: if (mla && c->mla_use_output_gate) { *rows = MH * VD; *cols = E; } break;
-    case K3_W_MLA_O: if (mla) { *rows = E; *cols = MH * VD; } break;
-    case K3_W_MLP_GATE: case K3_W_MLP_UP: if (dense) { *rows = c->intermediate_size; *cols = E; } break;
-    case K3_W_MLP_DOWN: if (dense) { *rows = E; *cols = c->intermediate_size; } break;
-    case K3_W_MOE_ROUTER: if (!dense) { *rows = c->num_experts; *cols = E; } break;
-    case K3_W_MOE_LDOWN: if (!dense) { *rows = LAT; *cols = E; } break;
-    case K3_W_MOE_LUP: if (!dense) { *rows = E; *cols = LAT; } break;
-    case K3_W_MOE_SH_GATE: case K3_W_MOE_SH_UP: if (!dense && IS) { *rows = IS; *cols = E; } break;
-    case K3_W_MOE_SH_DOWN: if (!dense && IS) { *rows = E; *cols = IS; } break;
-    default: break;
-    }
+    return piece_n;
 }
 
 void k3_stream_cfg_cores(const k3_cfg *c, uint64_t piece, const uint64_t *gb, uint64_t *cb, uint64_t *piece_max)
 {
+    const k3_wslot *order;
+    const uint32_t norder = k3_stream_piece_slots(&order);
     *piece_max = 0;
     for (uint32_t L = 0; L <= c->num_hidden_layers; L++) {
         cb[L] = gb[L];
-        for (size_t i = 0; i < sizeof piece_order / sizeof piece_order[0] && piece; i++) {
-            uint64_t rows, cols;
-            mat_shape(c, L, piece_order[i], &rows, &cols);
-            const uint64_t rowb = cols * 2, nb = rows * rowb;
+        for (uint32_t i = 0; i < norder && piece; i++) {
+            const k3_sch_row *r = k3_schema_row((uint32_t)order[i]);
+            if (!k3_schema_in_group(c, r, L))
+                continue;
+            uint64_t shape[3];
+            k3_schema_shape(c, r, shape);
+            const uint64_t rowb = shape[1] * 2, nb = shape[0] * rowb;   /* BF16, as k3_stream_cfg_groups */
             if (!nb || nb <= piece)
                 continue;
             cb[L] -= nb;
-            uint64_t r = piece / rowb ? piece / rowb : 1;
-            uint64_t pr = (r * rowb + 4095) / 4096 * 4096 + 4096;
+            uint64_t rr = piece / rowb ? piece / rowb : 1;
+            uint64_t pr = (rr * rowb + 4095) / 4096 * 4096 + 4096;
             if (pr > *piece_max)
                 *piece_max = pr;
         }

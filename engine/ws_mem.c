@@ -108,45 +108,6 @@ static const k3_ws_ops mem_ops = {
     mem_batch_max, mem_experts_acquire, mem_experts_release, mem_close, NULL, NULL, NULL, NULL,
 };
 
-/* Shape of a slot for cfg: rows x cols (cols 0 = vector). */
-static void mem_shape(const k3_cfg *c, k3_wslot s, uint64_t *r, uint64_t *cl)
-{
-    uint64_t E = c->hidden_size, P = (uint64_t)c->kda_num_heads * c->kda_head_dim, D = c->kda_head_dim;
-    uint64_t MH = c->num_attention_heads, QK = c->qk_nope_head_dim + c->qk_rope_head_dim;
-    uint64_t SH = (uint64_t)c->moe_intermediate_size * c->num_shared_experts;
-    *cl = 0;
-    switch (s) {
-    case K3_W_KDA_Q: case K3_W_KDA_K: case K3_W_KDA_V: case K3_W_KDA_G: *r = P; *cl = E; break;
-    case K3_W_KDA_O: *r = E; *cl = P; break;
-    case K3_W_KDA_FA: *r = D; *cl = E; break;
-    case K3_W_KDA_FB: *r = P; *cl = D; break;
-    case K3_W_KDA_B: *r = c->kda_num_heads; *cl = E; break;
-    case K3_W_KDA_QCONV: case K3_W_KDA_KCONV: case K3_W_KDA_VCONV: *r = P * c->short_conv_kernel_size; break;
-    case K3_W_KDA_ALOG: *r = c->kda_num_heads; break;
-    case K3_W_KDA_DTBIAS: *r = P; break;
-    case K3_W_KDA_ONORM: *r = D; break;
-    case K3_W_MLA_QA: *r = c->q_lora_rank; *cl = E; break;
-    case K3_W_MLA_QA_NORM: *r = c->q_lora_rank; break;
-    case K3_W_MLA_QB: *r = MH * QK; *cl = c->q_lora_rank; break;
-    case K3_W_MLA_KVA: *r = (uint64_t)c->kv_lora_rank + c->qk_rope_head_dim; *cl = E; break;
-    case K3_W_MLA_KVA_NORM: *r = c->kv_lora_rank; break;
-    case K3_W_MLA_KVB: *r = MH * (c->qk_nope_head_dim + c->v_head_dim); *cl = c->kv_lora_rank; break;
-    case K3_W_MLA_O: *r = E; *cl = MH * c->v_head_dim; break;
-    case K3_W_MLA_G: *r = MH * c->v_head_dim; *cl = E; break;
-    case K3_W_MLP_GATE: case K3_W_MLP_UP: *r = c->intermediate_size; *cl = E; break;
-    case K3_W_MLP_DOWN: *r = E; *cl = c->intermediate_size; break;
-    case K3_W_MOE_ROUTER: *r = c->num_experts; *cl = E; break;
-    case K3_W_MOE_BIAS: *r = c->num_experts; break;
-    case K3_W_MOE_LDOWN: *r = c->routed_expert_hidden_size; *cl = E; break;
-    case K3_W_MOE_LUP: *r = E; *cl = c->routed_expert_hidden_size; break;
-    case K3_W_MOE_NORM: *r = c->routed_expert_hidden_size; break;
-    case K3_W_MOE_SH_GATE: case K3_W_MOE_SH_UP: *r = SH; *cl = E; break;
-    case K3_W_MOE_SH_DOWN: *r = E; *cl = SH; break;
-    case K3_W_LM_HEAD: *r = c->vocab_size; *cl = E; break;
-    default: *r = E; break;   /* norms and attention-residual vectors */
-    }
-}
-
 static int is_norm_like(k3_wslot s)
 {
     return s == K3_W_INPUT_NORM || s == K3_W_POST_NORM || s == K3_W_SA_RES_NORM || s == K3_W_MLP_RES_NORM ||
@@ -174,20 +135,17 @@ int k3_ws_mem_create(k3_ws **out, const k3_cfg *cfg, uint64_t seed, k3_err *e)
     for (uint64_t i = 0; i < (uint64_t)c->vocab_size * E; i++)
         w->embed[i] = k3_f32_to_bf16(unif(&st));
     for (uint64_t g = 0; g < ng; g++) {
-        int head = g == NL;
         for (int si = 0; si < K3_W_COUNT; si++) {
             k3_wslot s = (k3_wslot)si;
-            if (head ? !k3_wslot_in_head(s)
-                     : !k3_wslot_in_layer(s, k3_cfg_layer_is_mla(c, (uint32_t)g), k3_cfg_layer_is_dense(c, (uint32_t)g)))
+            const k3_sch_row *row = k3_schema_row((uint32_t)si);
+            if (!k3_schema_in_group(c, row, (uint32_t)g))
                 continue;
-            if (s == K3_W_MLA_G && !c->mla_use_output_gate)
-                continue;
-            if (s == K3_W_MOE_NORM && !c->latent_moe_use_norm)
-                continue;
-            if ((s == K3_W_MOE_SH_GATE || s == K3_W_MOE_SH_UP || s == K3_W_MOE_SH_DOWN) && !c->num_shared_experts)
-                continue;
-            uint64_t r, cl;
-            mem_shape(c, s, &r, &cl);
+            uint64_t shape[3], r, cl = 0;
+            r = k3_schema_shape(c, row, shape);   /* a vector (conv taps too): all its values */
+            if (row->cls == K3_SCH_MATRIX) {
+                r = shape[0];
+                cl = shape[1];
+            }
             k3_view *v = &w->views[g * K3_W_COUNT + si];
             if (cl) {
                 uint16_t *p = malloc(r * cl * sizeof(uint16_t));

@@ -40,14 +40,6 @@ typedef struct ws_pk {
     const k3_pk_expert_layout *lay;
 } ws_pk;
 
-static void pk_slot_name(char *out, size_t cap, uint32_t g, uint32_t nl, k3_wslot s)
-{
-    if (g == nl)
-        snprintf(out, cap, "language_model.%s", k3_wslot_name(s));
-    else
-        snprintf(out, cap, "language_model.model.layers.%u.%s", g, k3_wslot_name(s));
-}
-
 static int32_t group_layer(const ws_pk *w, uint32_t g)
 {
     return g + 1 == w->ng ? K3_PK_LAYER_HEAD : (int32_t)g;
@@ -59,7 +51,7 @@ static int pk_describe(k3_ws *ws, uint32_t g, k3_wslot s, k3_view *out, k3_err *
     const k3_pk_tensor *t = g < w->ng ? w->t[(uint64_t)g * K3_W_COUNT + s] : NULL;
     if (!t) {
         char name[512];
-        pk_slot_name(name, sizeof name, g, ws->cfg.num_hidden_layers, s);
+        k3_schema_name(name, sizeof name, (uint32_t)s, g, 1);
         return k3_err_set(e, K3_ENOENT, "%s: packed model has no tensor %s", ws->dir, name);
     }
     *out = w->views[(uint64_t)g * K3_W_COUNT + s];
@@ -163,30 +155,12 @@ static void pk_release(k3_ws *ws, uint32_t g)
 static int pk_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_err *e)
 {
     ws_pk *w = (ws_pk *)ws;
-    const uint64_t E = ws->cfg.hidden_size, es = k3_dtype_size(w->embed->dtype), row = E * es;
+    const uint64_t E = ws->cfg.hidden_size;
     for (uint32_t i = 0; i < n; i++) {
-        if (ids[i] >= ws->cfg.vocab_size)
-            return k3_err_set(e, K3_EARG, "token id %u out of range (vocabulary %u)", ids[i], ws->cfg.vocab_size);
-        const k3_pk_piece *p = NULL;
-        for (uint32_t k = 0; k < w->embed->npieces; k++)
-            if (ids[i] >= w->embed->pieces[k].row_begin && ids[i] < w->embed->pieces[k].row_end)
-                p = &w->embed->pieces[k];
-        if (!p)
-            return k3_err_set(e, K3_EFORMAT, "%s: no piece of embed_tokens holds row %u", ws->dir, ids[i]);
-        const k3_pk_unit *u = k3_pk_unit_at(w->pk, p->unit);
-        const uint64_t off = p->offset + (ids[i] - p->row_begin) * row;
-        int rc = k3_pk_read(w->pk, u->file, w->rowbuf, row, off, w->bounce, w->bounce_cap, e);
-        if (rc == 0) /* the unit's CRC covers the whole table: each row has its own in embed.crc */
-            rc = k3_pk_embed_row_check(w->pk, ids[i], w->rowbuf, row, k3_pk_file_at(w->pk, u->file)->path, off, e);
+        int rc = k3_pk_embed_row(w->pk, w->embed, ids[i], w->rowbuf, w->bounce, w->bounce_cap, out + (uint64_t)i * E,
+                                 NULL, ws->dir, e);
         if (rc < 0)
             return rc;
-        float *o = out + (uint64_t)i * E;
-        if (w->embed->dtype == K3_DT_BF16)
-            k3_bf16_to_f32_n((const uint16_t *)w->rowbuf, o, E);
-        else if (w->embed->dtype == K3_DT_F16)
-            k3_f16_to_f32_n((const uint16_t *)w->rowbuf, o, E);
-        else
-            memcpy(o, w->rowbuf, E * sizeof(float));
     }
     return 0;
 }
@@ -310,7 +284,9 @@ int k3_ws_pk_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)
     char name[512];
     for (uint32_t g = 0; g < w->ng; g++)
         for (int s = 0; s < K3_W_COUNT; s++) {
-            pk_slot_name(name, sizeof name, g, NL, (k3_wslot)s);
+            if ((g == NL) != k3_wslot_in_head((k3_wslot)s))
+                continue;   /* a head slot is in the head group only, a layer slot in layers */
+            k3_schema_name(name, sizeof name, (uint32_t)s, g, 1);
             const k3_pk_tensor *t = k3_pk_tensor_find(w->pk, name);
             if (!t)
                 continue;
@@ -326,7 +302,7 @@ int k3_ws_pk_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)
             for (uint32_t d = 0; d < t->ndim; d++)
                 w->views[i].shape[d] = t->shape[d];
         }
-    w->embed = k3_pk_tensor_find(w->pk, "language_model.model.embed_tokens.weight");
+    w->embed = k3_pk_tensor_find(w->pk, K3_SCH_EMBED_NAME);
     if (!w->embed || (w->embed->dtype != K3_DT_BF16 && w->embed->dtype != K3_DT_F16 && w->embed->dtype != K3_DT_F32) || w->embed->ndim != 2 ||
         w->embed->shape[0] != c->vocab_size || w->embed->shape[1] != c->hidden_size) {
         rc = k3_err_set(e, K3_EFORMAT, "%s: embed_tokens.weight missing or not as expected: BF16/F16/F32 [%u, %u]", dir,

@@ -44,21 +44,13 @@ static const k3_st_tensor *find2(k3_st *st, const char *name)
     return t;
 }
 
-static void slot_full_name(char *out, size_t cap, uint32_t g, uint32_t nl, k3_wslot s)
-{
-    if (g == nl)
-        snprintf(out, cap, "language_model.%s", k3_wslot_name(s));
-    else
-        snprintf(out, cap, "language_model.model.layers.%u.%s", g, k3_wslot_name(s));
-}
-
 static int st_describe(k3_ws *ws, uint32_t g, k3_wslot s, k3_view *out, k3_err *e)
 {
     ws_st *w = (ws_st *)ws;
     const k3_st_tensor *t = g < w->ng ? w->t[(uint64_t)g * K3_W_COUNT + s] : NULL;
     if (!t) {
         char name[512];
-        slot_full_name(name, sizeof name, g, ws->cfg.num_hidden_layers, s);
+        k3_schema_name(name, sizeof name, (uint32_t)s, g, 1);
         return k3_err_set(e, K3_ENOENT, "%s: tensor %s is missing", ws->dir, name);
     }
     memset(out, 0, sizeof *out);
@@ -145,16 +137,14 @@ static uint32_t st_batch_max(k3_ws *ws) { return ws->cfg.num_experts; }
 /* Read one matrix of an expert into the record: MXFP4 as stored, or quantize. */
 static int load_expert_matrix(ws_st *w, uint32_t layer, uint32_t x, int k, uint8_t *rec, k3_err *e)
 {
-    static const char *const wn[3] = {"w1", "w3", "w2"};
+    static const int wn[3] = {0, 2, 1};   /* the record's order w1, w3, w2 */
     const uint64_t I = w->base.cfg.moe_intermediate_size, L = w->base.cfg.routed_expert_hidden_size;
     const uint64_t rows = k == 2 ? L : I, cols = k == 2 ? I : L;
     char name[512];
-    snprintf(name, sizeof name, "language_model.model.layers.%u.block_sparse_moe.experts.%u.%s.weight_packed",
-             layer, x, wn[k]);
+    k3_schema_expert_name(name, sizeof name, layer, x, wn[k], K3_SCH_XP_PACKED);
     const k3_st_tensor *tp = find2(w->st, name);
     if (tp) {
-        snprintf(name, sizeof name, "language_model.model.layers.%u.block_sparse_moe.experts.%u.%s.weight_scale",
-                 layer, x, wn[k]);
+        k3_schema_expert_name(name, sizeof name, layer, x, wn[k], K3_SCH_XP_SCALE);
         const k3_st_tensor *ts = find2(w->st, name);
         if (!ts)
             return k3_err_set(e, K3_ENOENT, "%s: tensor %s is missing", w->base.dir, name);
@@ -169,8 +159,7 @@ static int load_expert_matrix(ws_st *w, uint32_t layer, uint32_t x, int k, uint8
             rc = k3_st_read(w->st, ts, rec + w->rec_off[2 * k + 1], e);
         return rc;
     }
-    snprintf(name, sizeof name, "language_model.model.layers.%u.block_sparse_moe.experts.%u.%s.weight", layer, x,
-             wn[k]);
+    k3_schema_expert_name(name, sizeof name, layer, x, wn[k], K3_SCH_XP_WEIGHT);
     const k3_st_tensor *tw = find2(w->st, name);
     if (!tw)
         return k3_err_set(e, K3_ENOENT, "%s: tensor %s (or %s_packed) is missing", w->base.dir, name, name);
@@ -301,7 +290,9 @@ int k3_ws_st_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)
     char name[512];
     for (uint32_t g = 0; g < w->ng; g++)
         for (int s = 0; s < K3_W_COUNT; s++) {
-            slot_full_name(name, sizeof name, g, NL, (k3_wslot)s);
+            if ((g == NL) != k3_wslot_in_head((k3_wslot)s))
+                continue;   /* a head slot is in the head group only, a layer slot in layers */
+            k3_schema_name(name, sizeof name, (uint32_t)s, g, 1);
             const k3_st_tensor *t = find2(w->st, name);
             if (!t)
                 continue;
@@ -317,10 +308,10 @@ int k3_ws_st_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)
             for (uint32_t d = 0; d < t->ndim; d++)
                 w->views[i].shape[d] = t->shape[d];
         }
-    w->embed = find2(w->st, "language_model.model.embed_tokens.weight");
+    w->embed = find2(w->st, K3_SCH_EMBED_NAME);
     if (!w->embed) {
         st_close(&w->base);
-        return k3_err_set(e, K3_ENOENT, "%s: tensor language_model.model.embed_tokens.weight is missing", dir);
+        return k3_err_set(e, K3_ENOENT, "%s: tensor " K3_SCH_EMBED_NAME " is missing", dir);
     }
     if ((w->embed->dtype != K3_DT_BF16 && w->embed->dtype != K3_DT_F16 && w->embed->dtype != K3_DT_F32) || w->embed->ndim != 2 ||
         w->embed->shape[0] != c->vocab_size || w->embed->shape[1] != c->hidden_size) {

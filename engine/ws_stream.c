@@ -748,36 +748,19 @@ static int st_describe(k3_ws *ws, uint32_t g, k3_wslot s, k3_view *out, k3_err *
 static int st_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_err *e)
 {
     ws_stream *w = (ws_stream *)ws;
-    const uint64_t E = ws->cfg.hidden_size, es = k3_dtype_size(w->embed->dtype), row = E * es;
+    const uint64_t E = ws->cfg.hidden_size;
     for (uint32_t i = 0; i < n; i++) {
-        if (ids[i] >= ws->cfg.vocab_size)
-            return k3_err_set(e, K3_EARG, "token id %u out of range (vocabulary %u)", ids[i], ws->cfg.vocab_size);
-        const k3_pk_piece *p = NULL;
-        for (uint32_t k = 0; k < w->embed->npieces; k++)
-            if (ids[i] >= w->embed->pieces[k].row_begin && ids[i] < w->embed->pieces[k].row_end)
-                p = &w->embed->pieces[k];
-        if (!p)
-            return k3_err_set(e, K3_EFORMAT, "%s: no piece of embed_tokens holds row %u", ws->dir, ids[i]);
-        const k3_pk_unit *u = k3_pk_unit_at(w->pk, p->unit);
-        uint64_t off = p->offset + (ids[i] - p->row_begin) * row;
-        int rc = k3_pk_read(w->pk, u->file, w->rowbuf, row, off, w->bounce, w->bounce_cap, e);
-        if (rc == 0) /* the unit's CRC covers the whole table: each row has its own in embed.crc */
-            rc = k3_pk_embed_row_check(w->pk, ids[i], w->rowbuf, row, k3_pk_file_at(w->pk, u->file)->path, off, e);
+        uint64_t cost = 0;
+        int rc = k3_pk_embed_row(w->pk, w->embed, ids[i], w->rowbuf, w->bounce, w->bounce_cap, out + (uint64_t)i * E,
+                                 &cost, ws->dir, e);
+        if (rc == K3_EARG)
+            return rc;
         if (rc < 0) {
             char what[48];
             snprintf(what, sizeof what, "embedding row %u", ids[i]);
             return err_wrap(e, rc, what);
         }
-        w->st.embed_bytes += k3_pk_file_is_direct(w->pk, u->file)
-                                 ? (off + row + 4095) / 4096 * 4096 - off / 4096 * 4096
-                                 : row;
-        float *o = out + (uint64_t)i * E;
-        if (w->embed->dtype == K3_DT_BF16)
-            k3_bf16_to_f32_n((const uint16_t *)w->rowbuf, o, E);
-        else if (w->embed->dtype == K3_DT_F16)
-            k3_f16_to_f32_n((const uint16_t *)w->rowbuf, o, E);
-        else
-            memcpy(o, w->rowbuf, E * sizeof(float));
+        w->st.embed_bytes += cost;
     }
     return 0;
 }
@@ -1234,7 +1217,7 @@ int k3_ws_stream_open(k3_ws **out, const char *dir, int direct, k3_err *e)
         }
     }
     if (rc == 0) {
-        w->embed = k3_pk_tensor_find(w->pk, "language_model.model.embed_tokens.weight");
+        w->embed = k3_pk_tensor_find(w->pk, K3_SCH_EMBED_NAME);
         if (!w->embed || (w->embed->dtype != K3_DT_BF16 && w->embed->dtype != K3_DT_F16 && w->embed->dtype != K3_DT_F32) || w->embed->ndim != 2 ||
             w->embed->shape[0] != c->vocab_size || w->embed->shape[1] != c->hidden_size)
             rc = k3_err_set(e, K3_EFORMAT, "%s: embed_tokens.weight missing or not as expected: BF16/F16/F32 [%u, %u]",

@@ -16,6 +16,7 @@
 #include "k3_cfg.h"
 #include "k3_err.h"
 #include "k3_pk.h"
+#include "k3_schema.h"
 #include "k3_st.h"
 
 #define K3_MAN_MAX_BYTES   (64u << 20)
@@ -107,8 +108,8 @@ const char *k3_man_unseal(const char *txt, uint64_t len, size_t *body_len);
 
 /* ---- what a config expects (docs/MODEL.md §2.3) ---------------------------------- */
 
-#define K3_MAN_PREFIX "language_model.model."
-#define K3_MAN_HEAD_NAME "language_model.lm_head.weight"
+#define K3_MAN_PREFIX K3_SCH_PREFIX
+#define K3_MAN_HEAD_NAME "language_model." K3_SCH_HEAD_NAME
 
 typedef enum k3_man_tkind {
     K3_MAN_T_MATRIX = 0,   /* shape must match exactly */

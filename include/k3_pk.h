@@ -86,7 +86,7 @@ typedef struct k3_pk_piece {
 } k3_pk_piece;
 
 typedef struct k3_pk_tensor {
-    const char *name;            /* the upstream name, e.g. language_model.model.norm.weight */
+    const char *name;            /* the upstream name (the tensor schema's, with its prefix) */
     k3_dtype dtype;              /* as stored: K3_DT_BF16, K3_DT_F16 or K3_DT_F32 */
     k3_dtype src_dtype;          /* upstream dtype; differs from dtype only when
                                   * k3-convert --trunk-dtype bf16 rounded it */
@@ -180,6 +180,16 @@ const k3_pk_record *k3_pk_record_find(const k3_pk *pk, uint32_t layer, uint32_t 
  * the file, the row and the offset. */
 int k3_pk_embed_row_check(const k3_pk *pk, uint32_t row, const void *bytes, uint64_t n, const char *path,
                           uint64_t off, k3_err *e);
+
+/* The one embedding lookup of the packed sources (resident and streaming):
+ * row id of the embedding tensor embed, read from the piece that holds it
+ * into rowbuf (room for one row in the stored dtype) through k3_pk_read
+ * (bounce as there), checked with k3_pk_embed_row_check, widened to
+ * hidden_size floats at out. *cost (may be NULL) gets the bytes the read
+ * took from the disk: whole pages when the file is O_DIRECT. K3_EARG for an
+ * id past the vocabulary; dir names the model in messages. */
+int k3_pk_embed_row(const k3_pk *pk, const k3_pk_tensor *embed, uint32_t id, void *rowbuf, void *bounce,
+                    uint64_t bounce_cap, float *out, uint64_t *cost, const char *dir, k3_err *e);
 
 /* The table itself: vocab_size CRC32s, row order (borrowed). */
 const uint32_t *k3_pk_embed_row_crcs(const k3_pk *pk);

@@ -114,8 +114,9 @@ typedef struct k3_stream_plan {
     uint64_t resident;              /* budget that keeps everything resident */
 } k3_stream_plan;
 
-/* Memory the model itself takes for these settings (k3_model_open scratch,
- * k3_sess_create state and cache), from the config. */
+/* Memory the model itself takes for these settings, from the model's own
+ * sizing (k3_model_mem_need, expert views for a whole layer): scratch = the
+ * model and one session's attention scores; kv and state per session. */
 void k3_stream_model_mem(const k3_cfg *c, uint32_t max_chunk, uint32_t max_ctx, uint32_t nthreads,
                          uint64_t *scratch, uint64_t *kv, uint64_t *state);
 

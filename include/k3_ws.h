@@ -31,41 +31,14 @@
 
 #include "k3_cfg.h"
 #include "k3_err.h"
+#include "k3_schema.h"
 #include "k3_st.h"
 
-/* Tensor slots of one trunk group. Upstream names (after the
- * "language_model.model.layers.{L}." prefix) are given by k3_wslot_name. */
-typedef enum k3_wslot {
-    /* every layer */
-    K3_W_INPUT_NORM = 0, K3_W_POST_NORM,
-    K3_W_SA_RES_NORM, K3_W_SA_RES_PROJ, K3_W_MLP_RES_NORM, K3_W_MLP_RES_PROJ,
-    /* KDA */
-    K3_W_KDA_Q, K3_W_KDA_K, K3_W_KDA_V, K3_W_KDA_G, K3_W_KDA_O, K3_W_KDA_FA, K3_W_KDA_FB,
-    K3_W_KDA_B, K3_W_KDA_QCONV, K3_W_KDA_KCONV, K3_W_KDA_VCONV, K3_W_KDA_ALOG,
-    K3_W_KDA_DTBIAS, K3_W_KDA_ONORM,
-    /* MLA */
-    K3_W_MLA_QA, K3_W_MLA_QA_NORM, K3_W_MLA_QB, K3_W_MLA_KVA, K3_W_MLA_KVA_NORM,
-    K3_W_MLA_KVB, K3_W_MLA_O, K3_W_MLA_G,
-    /* dense MLP */
-    K3_W_MLP_GATE, K3_W_MLP_UP, K3_W_MLP_DOWN,
-    /* LatentMoE (routed experts come through k3_ws_experts_acquire) */
-    K3_W_MOE_ROUTER, K3_W_MOE_BIAS, K3_W_MOE_LDOWN, K3_W_MOE_LUP, K3_W_MOE_NORM,
-    K3_W_MOE_SH_GATE, K3_W_MOE_SH_UP, K3_W_MOE_SH_DOWN,
-    /* the head group */
-    K3_W_FINAL_NORM, K3_W_OUT_RES_NORM, K3_W_OUT_RES_PROJ, K3_W_LM_HEAD,
-    K3_W_COUNT
-} k3_wslot;
+/* The slots (k3_wslot), their names and where they appear: the tensor
+ * schema, include/k3_schema.h. */
 
 /* The head group's index for a config. */
 #define K3_WS_HEAD(cfg) ((cfg)->num_hidden_layers)
-
-/* Upstream tensor name of a slot, relative to "language_model.model.layers.{L}."
- * for layer slots and to "language_model." for the head group (e.g.
- * "model.norm.weight", "lm_head.weight"). */
-const char *k3_wslot_name(k3_wslot s);
-/* 1 if slot s belongs in a layer of this kind / in the head group. */
-int k3_wslot_in_layer(k3_wslot s, int is_mla, int is_dense);
-int k3_wslot_in_head(k3_wslot s);
 
 typedef struct k3_ws k3_ws;
 

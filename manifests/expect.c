@@ -1,6 +1,6 @@
 /*
- * expect.c - the trunk tensors a config implies (docs/MODEL.md §2.3 names and §1.4
- * shapes) and the parser of routed-expert tensor names.
+ * expect.c - the trunk tensors a config implies (the tensor schema,
+ * common/schema.c) and the parser of routed-expert tensor names.
  *
  * Matrices are checked shape for shape; vectors by element count only (an
  * exporter may write [E] or [1, E]); A_log may hold H or D values.
@@ -58,82 +58,48 @@ static void add(builder *b, int32_t layer, k3_man_tkind kind, uint32_t ndim, uin
     b->n++;
 }
 
-#define P K3_MAN_PREFIX
-#define MAT(layer, r, c, ...) add(&b, layer, K3_MAN_T_MATRIX, 2, r, c, 0, __VA_ARGS__)
-#define VEC(layer, n, ...) add(&b, layer, K3_MAN_T_VECTOR, 1, n, 0, 0, __VA_ARGS__)
-
 static int expect_cmp(const void *a, const void *b)
 {
     return strcmp(((const k3_man_expect *)a)->name, ((const k3_man_expect *)b)->name);
 }
 
+/* one expected tensor per schema row of the group (layer L, the head or the embedding) */
+static void add_row(builder *b, const k3_cfg *c, const k3_sch_row *r, int32_t layer, uint32_t g)
+{
+    uint64_t sh[3];
+    k3_schema_shape(c, r, sh);
+    char name[512];
+    k3_schema_name(name, sizeof name, r->slot, g, 1);
+    switch (r->cls) {
+    case K3_SCH_MATRIX:
+    case K3_SCH_CONV:     /* [n][1][cw], shape for shape */
+        add(b, layer, K3_MAN_T_MATRIX, r->ndim, sh[0], sh[1], sh[2], "%s", name);
+        break;
+    case K3_SCH_VECTOR:
+        add(b, layer, K3_MAN_T_VECTOR, 1, sh[0], 0, 0, "%s", name);
+        break;
+    case K3_SCH_ALOG:     /* H values, or D */
+        add(b, layer, K3_MAN_T_ALOG, 1, sh[0], k3_schema_dim(c, K3_SD_D), 0, "%s", name);
+        break;
+    }
+}
+
 int k3_man_expect_trunk(const k3_cfg *c, k3_man_expect **out, uint32_t *n, k3_err *e)
 {
     builder b = {0};
-    uint64_t E = c->hidden_size, V = c->vocab_size;
-    MAT(K3_PK_LAYER_EMBED, V, E, P "embed_tokens.weight");
-    VEC(K3_PK_LAYER_HEAD, E, P "norm.weight");
-    VEC(K3_PK_LAYER_HEAD, E, P "output_attn_res_norm.weight");
-    VEC(K3_PK_LAYER_HEAD, E, P "output_attn_res_proj.weight");
-    MAT(K3_PK_LAYER_HEAD, V, E, K3_MAN_HEAD_NAME);
-    uint64_t H = c->kda_num_heads, D = c->kda_head_dim, Pk = H * D;
-    uint64_t nh = c->num_attention_heads, qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
-    for (uint32_t L = 0; L < c->num_hidden_layers; L++) {
-        int32_t l = (int32_t)L;
-        const char *pre = P "layers.";
-        VEC(l, E, "%s%u.input_layernorm.weight", pre, L);
-        VEC(l, E, "%s%u.post_attention_layernorm.weight", pre, L);
-        VEC(l, E, "%s%u.self_attention_res_norm.weight", pre, L);
-        VEC(l, E, "%s%u.self_attention_res_proj.weight", pre, L);
-        VEC(l, E, "%s%u.mlp_res_norm.weight", pre, L);
-        VEC(l, E, "%s%u.mlp_res_proj.weight", pre, L);
-        if (k3_cfg_layer_is_mla(c, L)) {
-            MAT(l, c->q_lora_rank, E, "%s%u.self_attn.q_a_proj.weight", pre, L);
-            VEC(l, c->q_lora_rank, "%s%u.self_attn.q_a_layernorm.weight", pre, L);
-            MAT(l, nh * qk, c->q_lora_rank, "%s%u.self_attn.q_b_proj.weight", pre, L);
-            MAT(l, (uint64_t)c->kv_lora_rank + c->qk_rope_head_dim, E, "%s%u.self_attn.kv_a_proj_with_mqa.weight",
-                pre, L);
-            VEC(l, c->kv_lora_rank, "%s%u.self_attn.kv_a_layernorm.weight", pre, L);
-            MAT(l, nh * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank, "%s%u.self_attn.kv_b_proj.weight",
-                pre, L);
-            MAT(l, E, nh * c->v_head_dim, "%s%u.self_attn.o_proj.weight", pre, L);
-            if (c->mla_use_output_gate)
-                MAT(l, nh * c->v_head_dim, E, "%s%u.self_attn.g_proj.weight", pre, L);
-        } else {
-            static const char *qkvg[] = {"q_proj", "k_proj", "v_proj", "g_proj"};
-            for (int i = 0; i < 4; i++)
-                MAT(l, Pk, E, "%s%u.self_attn.%s.weight", pre, L, qkvg[i]);
-            MAT(l, E, Pk, "%s%u.self_attn.o_proj.weight", pre, L);
-            MAT(l, D, E, "%s%u.self_attn.f_a_proj.weight", pre, L);
-            MAT(l, Pk, D, "%s%u.self_attn.f_b_proj.weight", pre, L);
-            MAT(l, H, E, "%s%u.self_attn.b_proj.weight", pre, L);
-            static const char *conv[] = {"q_conv1d", "k_conv1d", "v_conv1d"};
-            for (int i = 0; i < 3; i++)
-                add(&b, l, K3_MAN_T_MATRIX, 3, Pk, 1, c->short_conv_kernel_size, "%s%u.self_attn.%s.weight", pre,
-                    L, conv[i]);
-            add(&b, l, K3_MAN_T_ALOG, 1, H, D, 0, "%s%u.self_attn.A_log", pre, L);
-            VEC(l, Pk, "%s%u.self_attn.dt_bias", pre, L);
-            VEC(l, D, "%s%u.self_attn.o_norm.weight", pre, L);
-        }
-        if (k3_cfg_layer_is_dense(c, L)) {
-            MAT(l, c->intermediate_size, E, "%s%u.mlp.gate_proj.weight", pre, L);
-            MAT(l, c->intermediate_size, E, "%s%u.mlp.up_proj.weight", pre, L);
-            MAT(l, E, c->intermediate_size, "%s%u.mlp.down_proj.weight", pre, L);
-        } else {
-            const char *m = "block_sparse_moe";
-            uint64_t Lt = c->routed_expert_hidden_size, Is = (uint64_t)c->moe_intermediate_size * c->num_shared_experts;
-            MAT(l, c->num_experts, E, "%s%u.%s.gate.weight", pre, L, m);
-            VEC(l, c->num_experts, "%s%u.%s.gate.e_score_correction_bias", pre, L, m);
-            MAT(l, Lt, E, "%s%u.%s.routed_expert_down_proj.weight", pre, L, m);
-            MAT(l, E, Lt, "%s%u.%s.routed_expert_up_proj.weight", pre, L, m);
-            VEC(l, Lt, "%s%u.%s.routed_expert_norm.weight", pre, L, m);
-            if (Is) {
-                MAT(l, Is, E, "%s%u.%s.shared_experts.gate_proj.weight", pre, L, m);
-                MAT(l, Is, E, "%s%u.%s.shared_experts.up_proj.weight", pre, L, m);
-                MAT(l, E, Is, "%s%u.%s.shared_experts.down_proj.weight", pre, L, m);
-            }
-        }
+    uint32_t nrows;
+    const k3_sch_row *rows = k3_schema_rows(&nrows);
+    const uint32_t NL = c->num_hidden_layers;
+    for (uint32_t i = 0; i < nrows; i++) {
+        if (rows[i].where == K3_SCH_IN_EMBED)
+            add_row(&b, c, &rows[i], K3_PK_LAYER_EMBED, 0);
+        else if (k3_schema_in_group(c, &rows[i], NL))
+            add_row(&b, c, &rows[i], K3_PK_LAYER_HEAD, NL);
     }
+    for (uint32_t L = 0; L < NL; L++)
+        for (uint32_t i = 0; i < nrows; i++)
+            if (k3_schema_in_group(c, &rows[i], L))
+                add_row(&b, c, &rows[i], (int32_t)L, L);
     if (b.oom) {
         k3_man_expect_free(b.v, b.n);
         return k3_err_set(e, K3_ENOMEM, "out of memory listing the expected tensors");
@@ -213,8 +179,8 @@ static int parse_index(const char **s, uint32_t *v)
 
 int k3_man_expert_name(const char *name, uint32_t *layer, uint32_t *expert, int *which, int *part)
 {
-    static const char pre[] = K3_MAN_PREFIX "layers.";
-    static const char mid[] = ".block_sparse_moe.experts.";
+    static const char pre[] = K3_SCH_PREFIX "layers.";
+    static const char mid[] = K3_SCH_EXPERTS;
     if (strncmp(name, pre, sizeof pre - 1))
         return 0;
     const char *s = name + sizeof pre - 1;
@@ -225,7 +191,8 @@ int k3_man_expert_name(const char *name, uint32_t *layer, uint32_t *expert, int 
         return 0;
     *which = s[2] - '1';
     s += 4;
-    static const char *parts[K3_MAN_XP_COUNT] = {"weight_packed", "weight_scale", "weight", "weight_scale_inv"};
+    static const char *parts[K3_MAN_XP_COUNT] = {K3_SCH_XP_PACKED, K3_SCH_XP_SCALE, K3_SCH_XP_WEIGHT,
+                                                          K3_SCH_XP_SCALE_INV};
     for (int i = 0; i < K3_MAN_XP_COUNT; i++)
         if (!strcmp(s, parts[i])) {
             *part = i;

@@ -20,6 +20,7 @@
 
 #include "k3_crc.h"
 #include "k3_io.h"
+#include "k3_kern.h"
 #include "k3_man.h"
 
 struct k3_pk {
@@ -239,6 +240,37 @@ int k3_pk_embed_row_check(const k3_pk *pk, uint32_t row, const void *bytes, uint
     if (!crc_check(bytes, n, pk->row_crc[row], &got))
         return k3_err_set(e, K3_ECORRUPT, "%s: embedding row %u at offset %" PRIu64 " has CRC32 %08x, %s says %08x",
                           path, row, off, got, f->name, pk->row_crc[row]);
+    return 0;
+}
+
+int k3_pk_embed_row(const k3_pk *pk, const k3_pk_tensor *embed, uint32_t id, void *rowbuf, void *bounce,
+                    uint64_t bounce_cap, float *out, uint64_t *cost, const char *dir, k3_err *e)
+{
+    const k3_cfg *c = &pk->man.cfg;
+    const uint64_t E = c->hidden_size, row = E * k3_dtype_size(embed->dtype);
+    if (id >= c->vocab_size)
+        return k3_err_set(e, K3_EARG, "token id %u out of range (vocabulary %u)", id, c->vocab_size);
+    const k3_pk_piece *p = NULL;
+    for (uint32_t k = 0; k < embed->npieces; k++)
+        if (id >= embed->pieces[k].row_begin && id < embed->pieces[k].row_end)
+            p = &embed->pieces[k];
+    if (!p)
+        return k3_err_set(e, K3_EFORMAT, "%s: no piece of embed_tokens holds row %u", dir, id);
+    const k3_pk_unit *u = k3_pk_unit_at(pk, p->unit);
+    const uint64_t off = p->offset + (id - p->row_begin) * row;
+    int rc = k3_pk_read(pk, u->file, rowbuf, row, off, bounce, bounce_cap, e);
+    if (rc == 0) /* the unit's CRC covers the whole table: each row has its own in embed.crc */
+        rc = k3_pk_embed_row_check(pk, id, rowbuf, row, k3_pk_file_at(pk, u->file)->path, off, e);
+    if (rc < 0)
+        return rc;
+    if (cost)
+        *cost = k3_pk_file_is_direct(pk, u->file) ? (off + row + 4095) / 4096 * 4096 - off / 4096 * 4096 : row;
+    if (embed->dtype == K3_DT_BF16)
+        k3_bf16_to_f32_n((const uint16_t *)rowbuf, out, E);
+    else if (embed->dtype == K3_DT_F16)
+        k3_f16_to_f32_n((const uint16_t *)rowbuf, out, E);
+    else
+        memcpy(out, rowbuf, E * sizeof(float));
     return 0;
 }
 

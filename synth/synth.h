@@ -17,6 +17,7 @@
 
 #include "k3_err.h"
 #include "k3_progress.h"
+#include "k3_schema.h"
 #include "k3_st.h"
 
 #define K3_SYNTH_MAX_LAYERS 1024
@@ -73,17 +74,11 @@ int k3_synth_preset(k3_synth_opts *o, const char *name, uint32_t layers, uint32_
 
 /* ---- tensor list ---------------------------------------------------------- */
 
-/* Tensor kinds, in the order they are laid out within a layer. */
+/* Tensor kinds: a language-model trunk tensor is its tensor-schema row
+ * (k3_wslot, or K3_SCH_EMBED; include/k3_schema.h), written in the schema's
+ * checkpoint order; then the routed experts' parts and the vision tower. */
 enum k3_synth_kind {
-    SK_EMBED, SK_NORM, SK_OUT_RES_NORM, SK_OUT_RES_PROJ, SK_LM_HEAD,
-    SK_IN_NORM, SK_POST_NORM, SK_SA_RES_NORM, SK_SA_RES_PROJ, SK_MLP_RES_NORM, SK_MLP_RES_PROJ,
-    SK_KDA_Q, SK_KDA_K, SK_KDA_V, SK_KDA_QCONV, SK_KDA_KCONV, SK_KDA_VCONV,
-    SK_KDA_FA, SK_KDA_FB, SK_KDA_B, SK_KDA_ALOG, SK_KDA_DTBIAS, SK_KDA_G, SK_KDA_ONORM, SK_KDA_O,
-    SK_MLA_QA, SK_MLA_QA_NORM, SK_MLA_QB, SK_MLA_KVA, SK_MLA_KVA_NORM, SK_MLA_KVB, SK_MLA_G, SK_MLA_O,
-    SK_MLP_GATE, SK_MLP_UP, SK_MLP_DOWN,
-    SK_MOE_GATE, SK_MOE_BIAS, SK_MOE_LDOWN, SK_MOE_LUP, SK_MOE_LNORM,
-    SK_SH_GATE, SK_SH_UP, SK_SH_DOWN,
-    SK_EXP_W1_P, SK_EXP_W1_S, SK_EXP_W2_P, SK_EXP_W2_S, SK_EXP_W3_P, SK_EXP_W3_S,
+    SK_EXP_W1_P = K3_SCH_COUNT, SK_EXP_W1_S, SK_EXP_W2_P, SK_EXP_W2_S, SK_EXP_W3_P, SK_EXP_W3_S,
     SK_EXP_W1, SK_EXP_W2, SK_EXP_W3,
     SK_VIS_PATCH, SK_VIS_NORM, SK_VIS_PROJ,   /* --vision: not language-model tensors */
     SK_COUNT

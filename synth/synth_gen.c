@@ -76,33 +76,33 @@ static gen gen_for(const k3_synth_tensor *t)
     gen g = {G_UNIFORM, 0.0f, 0.0f, 127};
     double gain = 1.0, fan = fan_in_of(t);
     switch (t->kind) {
-    case SK_EMBED:
+    case K3_SCH_EMBED:
         g.half = 1.0f;
         return g;
-    case SK_NORM: case SK_OUT_RES_NORM: case SK_IN_NORM: case SK_POST_NORM: case SK_SA_RES_NORM:
-    case SK_MLP_RES_NORM: case SK_KDA_ONORM: case SK_MLA_QA_NORM: case SK_MLA_KVA_NORM: case SK_MOE_LNORM:
+    case K3_W_FINAL_NORM: case K3_W_OUT_RES_NORM: case K3_W_INPUT_NORM: case K3_W_POST_NORM: case K3_W_SA_RES_NORM:
+    case K3_W_MLP_RES_NORM: case K3_W_KDA_ONORM: case K3_W_MLA_QA_NORM: case K3_W_MLA_KVA_NORM: case K3_W_MOE_NORM:
         g.center = 1.0f;
         g.half = 0.5f;
         return g;
-    case SK_OUT_RES_PROJ: case SK_SA_RES_PROJ: case SK_MLP_RES_PROJ:   /* [E] or [1][E] */
+    case K3_W_OUT_RES_PROJ: case K3_W_SA_RES_PROJ: case K3_W_MLP_RES_PROJ:   /* [E] or [1][E] */
         g.half = (float)(2.5 / sqrt((double)t->shape[t->ndim - 1]));
         return g;
-    case SK_KDA_ALOG:
+    case K3_W_KDA_ALOG:
         g.center = -0.25f;
         g.half = 0.75f;
         return g;
-    case SK_KDA_DTBIAS:
+    case K3_W_KDA_DTBIAS:
         g.half = 1.0f;
         return g;
-    case SK_MOE_BIAS:
+    case K3_W_MOE_BIAS:
         g.half = 0.15f;
         return g;
-    case SK_LM_HEAD: gain = 3.0; break;
-    case SK_MLP_GATE: case SK_SH_GATE: case SK_EXP_W1: gain = 3.0; break;
-    case SK_MLP_UP: case SK_SH_UP: case SK_EXP_W3: gain = 12.0; break;
-    case SK_MLP_DOWN: case SK_SH_DOWN: gain = 0.08; break;
+    case K3_W_LM_HEAD: gain = 3.0; break;
+    case K3_W_MLP_GATE: case K3_W_MOE_SH_GATE: case SK_EXP_W1: gain = 3.0; break;
+    case K3_W_MLP_UP: case K3_W_MOE_SH_UP: case SK_EXP_W3: gain = 12.0; break;
+    case K3_W_MLP_DOWN: case K3_W_MOE_SH_DOWN: gain = 0.08; break;
     case SK_EXP_W2: gain = 1.0; break;
-    case SK_MOE_GATE: gain = 1.5; break;
+    case K3_W_MOE_ROUTER: gain = 1.5; break;
     case SK_EXP_W1_P: case SK_EXP_W2_P: case SK_EXP_W3_P:
         g.kind = G_BYTES;
         return g;

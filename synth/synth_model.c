@@ -1,6 +1,7 @@
 /*
- * synth_model.c - presets, the tensor list of an upstream checkpoint (names,
- * shapes and dtypes per docs/MODEL.md §2) and config.json in the flat or nested form.
+ * synth_model.c - presets, the tensor list of an upstream checkpoint (the
+ * tensor schema's rows, include/k3_schema.h, with the dtypes per docs/MODEL.md
+ * §2.4) and config.json in the flat or nested form.
  *
  * Invariant: the tensor list is a pure function of the options; its order is
  * the file order (embedding, layers 0..n-1, final norm, output AttnRes, head).
@@ -123,93 +124,35 @@ int k3_synth_preset(k3_synth_opts *o, const char *name, uint32_t layers, uint32_
 
 /* ---- tensor list ---------------------------------------------------------- */
 
-static const char *kind_suffix[SK_COUNT] = {
-    [SK_EMBED] = "language_model.model.embed_tokens.weight",
-    [SK_NORM] = "language_model.model.norm.weight",
-    [SK_OUT_RES_NORM] = "language_model.model.output_attn_res_norm.weight",
-    [SK_OUT_RES_PROJ] = "language_model.model.output_attn_res_proj.weight",
-    [SK_LM_HEAD] = "language_model.lm_head.weight",
-    [SK_IN_NORM] = "input_layernorm.weight",
-    [SK_POST_NORM] = "post_attention_layernorm.weight",
-    [SK_SA_RES_NORM] = "self_attention_res_norm.weight",
-    [SK_SA_RES_PROJ] = "self_attention_res_proj.weight",
-    [SK_MLP_RES_NORM] = "mlp_res_norm.weight",
-    [SK_MLP_RES_PROJ] = "mlp_res_proj.weight",
-    [SK_KDA_Q] = "self_attn.q_proj.weight",
-    [SK_KDA_K] = "self_attn.k_proj.weight",
-    [SK_KDA_V] = "self_attn.v_proj.weight",
-    [SK_KDA_QCONV] = "self_attn.q_conv1d.weight",
-    [SK_KDA_KCONV] = "self_attn.k_conv1d.weight",
-    [SK_KDA_VCONV] = "self_attn.v_conv1d.weight",
-    [SK_KDA_FA] = "self_attn.f_a_proj.weight",
-    [SK_KDA_FB] = "self_attn.f_b_proj.weight",
-    [SK_KDA_B] = "self_attn.b_proj.weight",
-    [SK_KDA_ALOG] = "self_attn.A_log",
-    [SK_KDA_DTBIAS] = "self_attn.dt_bias",
-    [SK_KDA_G] = "self_attn.g_proj.weight",
-    [SK_KDA_ONORM] = "self_attn.o_norm.weight",
-    [SK_KDA_O] = "self_attn.o_proj.weight",
-    [SK_MLA_QA] = "self_attn.q_a_proj.weight",
-    [SK_MLA_QA_NORM] = "self_attn.q_a_layernorm.weight",
-    [SK_MLA_QB] = "self_attn.q_b_proj.weight",
-    [SK_MLA_KVA] = "self_attn.kv_a_proj_with_mqa.weight",
-    [SK_MLA_KVA_NORM] = "self_attn.kv_a_layernorm.weight",
-    [SK_MLA_KVB] = "self_attn.kv_b_proj.weight",
-    [SK_MLA_G] = "self_attn.g_proj.weight",
-    [SK_MLA_O] = "self_attn.o_proj.weight",
-    [SK_MLP_GATE] = "mlp.gate_proj.weight",
-    [SK_MLP_UP] = "mlp.up_proj.weight",
-    [SK_MLP_DOWN] = "mlp.down_proj.weight",
-    [SK_MOE_GATE] = "block_sparse_moe.gate.weight",
-    [SK_MOE_BIAS] = "block_sparse_moe.gate.e_score_correction_bias",
-    [SK_MOE_LDOWN] = "block_sparse_moe.routed_expert_down_proj.weight",
-    [SK_MOE_LUP] = "block_sparse_moe.routed_expert_up_proj.weight",
-    [SK_MOE_LNORM] = "block_sparse_moe.routed_expert_norm.weight",
-    [SK_SH_GATE] = "block_sparse_moe.shared_experts.gate_proj.weight",
-    [SK_SH_UP] = "block_sparse_moe.shared_experts.up_proj.weight",
-    [SK_SH_DOWN] = "block_sparse_moe.shared_experts.down_proj.weight",
-    [SK_EXP_W1_P] = "w1.weight_packed",
-    [SK_EXP_W1_S] = "w1.weight_scale",
-    [SK_EXP_W2_P] = "w2.weight_packed",
-    [SK_EXP_W2_S] = "w2.weight_scale",
-    [SK_EXP_W3_P] = "w3.weight_packed",
-    [SK_EXP_W3_S] = "w3.weight_scale",
-    [SK_EXP_W1] = "w1.weight",
-    [SK_EXP_W2] = "w2.weight",
-    [SK_EXP_W3] = "w3.weight",
-    [SK_VIS_PATCH] = "vision_tower.patch_embed.proj.weight",
-    [SK_VIS_NORM] = "vision_tower.encoder.blocks.0.norm1.weight",
-    [SK_VIS_PROJ] = "multi_modal_projector.linear_1.weight",
+/* the vision tower's tensors (outside language_model.: not in the schema) */
+static const char *const vision_names[] = {
+    "vision_tower.patch_embed.proj.weight",
+    "vision_tower.encoder.blocks.0.norm1.weight",
+    "multi_modal_projector.linear_1.weight",
 };
 
 int k3_synth_tensor_name(const k3_synth_tensor *t, char *buf, size_t cap)
 {
-    if (t->layer == UINT32_MAX)
-        return snprintf(buf, cap, "%s", kind_suffix[t->kind]);
-    if (t->kind >= SK_EXP_W1_P)
-        return snprintf(buf, cap, "language_model.model.layers.%u.block_sparse_moe.experts.%u.%s", t->layer,
-                        t->expert, kind_suffix[t->kind]);
-    return snprintf(buf, cap, "language_model.model.layers.%u.%s", t->layer, kind_suffix[t->kind]);
+    static const char *const parts[] = {K3_SCH_XP_PACKED, K3_SCH_XP_SCALE};
+    if (t->kind >= SK_VIS_PATCH)
+        return snprintf(buf, cap, "%s", vision_names[t->kind - SK_VIS_PATCH]);
+    if (t->kind >= SK_EXP_W1)   /* w1, w2, w3 .weight */
+        return k3_schema_expert_name(buf, cap, t->layer, t->expert, t->kind - SK_EXP_W1, K3_SCH_XP_WEIGHT);
+    if (t->kind >= SK_EXP_W1_P) /* w1, w2, w3 .weight_packed / .weight_scale */
+        return k3_schema_expert_name(buf, cap, t->layer, t->expert, (t->kind - SK_EXP_W1_P) / 2,
+                                     parts[(t->kind - SK_EXP_W1_P) % 2]);
+    return k3_schema_name(buf, cap, t->kind, t->layer, 1);
 }
 
 int k3_synth_kind_has_data_when_sparse(int kind)
 {
-    switch (kind) {
-    case SK_EMBED: case SK_NORM: case SK_OUT_RES_NORM: case SK_OUT_RES_PROJ:
-    case SK_IN_NORM: case SK_POST_NORM: case SK_SA_RES_NORM: case SK_SA_RES_PROJ:
-    case SK_MLP_RES_NORM: case SK_MLP_RES_PROJ:
-    case SK_KDA_ALOG: case SK_KDA_DTBIAS: case SK_KDA_ONORM:
-    case SK_MLA_QA_NORM: case SK_MLA_KVA_NORM:
-    case SK_MOE_GATE: case SK_MOE_BIAS: case SK_MOE_LNORM:
-        return 1;
-    default:
-        return 0;
-    }
+    const k3_sch_row *r = kind < K3_SCH_COUNT ? k3_schema_row((uint32_t)kind) : NULL;
+    return r && (kind == K3_SCH_EMBED || kind == K3_W_MOE_ROUTER || r->cls == K3_SCH_VECTOR || r->cls == K3_SCH_ALOG);
 }
 
 static int is_vector_kind(int kind)
 {
-    return k3_synth_kind_has_data_when_sparse(kind) && kind != SK_EMBED && kind != SK_MOE_GATE;
+    return k3_synth_kind_has_data_when_sparse(kind) && kind != K3_SCH_EMBED && kind != K3_W_MOE_ROUTER;
 }
 
 /* dtype of a vector under the policy; the mixed policy flips on a hash of
@@ -222,13 +165,13 @@ static k3_dtype vector_dtype(const k3_synth_opts *o, int kind, const char *name)
     case K3_SYNTH_VEC_F32: return K3_DT_F32;
     case K3_SYNTH_VEC_MIXED: return (key >> 17) & 1 ? K3_DT_F32 : K3_DT_BF16;
     default:
-        return kind == SK_MOE_BIAS || kind == SK_KDA_ALOG || kind == SK_KDA_DTBIAS ? K3_DT_F32 : K3_DT_BF16;
+        return kind == K3_W_MOE_BIAS || kind == K3_W_KDA_ALOG || kind == K3_W_KDA_DTBIAS ? K3_DT_F32 : K3_DT_BF16;
     }
 }
 
 static int is_res_proj(int kind)
 {
-    return kind == SK_SA_RES_PROJ || kind == SK_MLP_RES_PROJ || kind == SK_OUT_RES_PROJ;
+    return kind == K3_W_SA_RES_PROJ || kind == K3_W_MLP_RES_PROJ || kind == K3_W_OUT_RES_PROJ;
 }
 
 /* dtype of a trunk (non-expert) tensor under the trunk policy; vec is what
@@ -247,7 +190,7 @@ static k3_dtype trunk_dtype(const k3_synth_opts *o, int kind, const char *name, 
         return three[(k3_synth_key(1, name) >> 23) % 3];
     }
     case K3_SYNTH_TRUNK_REAL:
-        if (kind == SK_MOE_GATE || kind == SK_KDA_QCONV || kind == SK_KDA_KCONV || kind == SK_KDA_VCONV ||
+        if (kind == K3_W_MOE_ROUTER || kind == K3_W_KDA_QCONV || kind == K3_W_KDA_KCONV || kind == K3_W_KDA_VCONV ||
             is_res_proj(kind))
             return K3_DT_F32;
         return vector ? vec : K3_DT_BF16;
@@ -310,66 +253,72 @@ static int push(list *l, uint32_t layer, uint32_t expert, int kind, uint32_t ndi
     return 0;
 }
 
-#define V(kind, d0) rc = rc ? rc : push(&l, L, 0, kind, 1, d0, 0, 0, e)
-#define M(kind, d0, d1) rc = rc ? rc : push(&l, L, 0, kind, 2, d0, d1, 0, e)
+/* The config the options describe (what config.json says), for the schema. */
+static void synth_cfg(const k3_synth_model *m, k3_cfg *c)
+{
+    memset(c, 0, sizeof *c);
+    c->hidden_size = m->hidden;
+    c->num_hidden_layers = m->layers;
+    c->vocab_size = m->vocab;
+    c->kda_num_heads = m->kda_heads;
+    c->kda_head_dim = m->kda_head_dim;
+    c->short_conv_kernel_size = m->conv;
+    c->num_attention_heads = m->mla_heads;
+    c->q_lora_rank = m->q_lora;
+    c->kv_lora_rank = m->kv_lora;
+    c->qk_nope_head_dim = m->nope;
+    c->qk_rope_head_dim = m->rope;
+    c->v_head_dim = m->v_dim;
+    c->mla_use_output_gate = 1;
+    c->num_experts = m->experts;
+    c->num_experts_per_token = m->top_k;
+    c->num_shared_experts = m->shared;
+    c->routed_expert_hidden_size = m->latent;
+    c->moe_intermediate_size = m->moe_inter;
+    c->latent_moe_use_norm = 1;
+    c->first_k_dense_replace = m->first_dense;
+    c->intermediate_size = m->dense_inter;
+    c->attn_res_block_size = m->attn_res_block;
+    memcpy(c->is_mla, m->is_mla, sizeof c->is_mla < sizeof m->is_mla ? sizeof c->is_mla : sizeof m->is_mla);
+}
+
+/* the schema's rows of group g (the embedding for UINT32_MAX - 1, the head
+ * for layers) in checkpoint order */
+static int push_rows(list *l, const k3_cfg *c, uint32_t g, int embed, k3_err *e)
+{
+    uint32_t nrows;
+    const k3_sch_row *rows = k3_schema_rows(&nrows);
+    const k3_sch_row *byck[K3_SCH_COUNT] = {0};
+    for (uint32_t i = 0; i < nrows; i++)
+        byck[rows[i].ck] = &rows[i];
+    for (uint32_t k = 0; k < K3_SCH_COUNT; k++) {
+        const k3_sch_row *r = byck[k];
+        if (!r || (embed ? r->where != K3_SCH_IN_EMBED : !k3_schema_in_group(c, r, g)))
+            continue;
+        uint64_t sh[3];
+        k3_schema_shape(c, r, sh);
+        if (r->cls == K3_SCH_ALOG && l->o->alog_padded && c->kda_head_dim > sh[0])
+            sh[0] = c->kda_head_dim;
+        int rc = push(l, g == c->num_hidden_layers || embed ? UINT32_MAX : g, 0, r->slot, r->ndim, sh[0], sh[1],
+                      sh[2], e);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
 
 int k3_synth_tensors(const k3_synth_opts *o, k3_synth_tensor **out, uint64_t *count, k3_err *e)
 {
     const k3_synth_model *m = &o->m;
     list l = {NULL, 0, 0, o};
-    int rc = 0;
-    uint64_t E = m->hidden, H = m->kda_heads, D = m->kda_head_dim, P = H * D;
-    uint32_t L = UINT32_MAX;
-    M(SK_EMBED, m->vocab, E);
-    for (L = 0; L < m->layers && rc == 0; L++) {
-        V(SK_IN_NORM, E);
-        V(SK_POST_NORM, E);
-        V(SK_SA_RES_NORM, E);
-        V(SK_SA_RES_PROJ, E);
-        V(SK_MLP_RES_NORM, E);
-        V(SK_MLP_RES_PROJ, E);
-        if (!m->is_mla[L]) {
-            M(SK_KDA_Q, P, E);
-            M(SK_KDA_K, P, E);
-            M(SK_KDA_V, P, E);
-            for (int k = SK_KDA_QCONV; k <= SK_KDA_VCONV; k++)
-                rc = rc ? rc : push(&l, L, 0, k, 3, P, 1, m->conv, e);
-            M(SK_KDA_FA, D, E);
-            M(SK_KDA_FB, P, D);
-            M(SK_KDA_B, H, E);
-            V(SK_KDA_ALOG, o->alog_padded ? (D > H ? D : H) : H);
-            V(SK_KDA_DTBIAS, P);
-            M(SK_KDA_G, P, E);
-            V(SK_KDA_ONORM, D);
-            M(SK_KDA_O, E, P);
-        } else {
-            uint64_t nh = m->mla_heads;
-            M(SK_MLA_QA, m->q_lora, E);
-            V(SK_MLA_QA_NORM, m->q_lora);
-            M(SK_MLA_QB, nh * (m->nope + m->rope), m->q_lora);
-            M(SK_MLA_KVA, m->kv_lora + m->rope, E);
-            V(SK_MLA_KVA_NORM, m->kv_lora);
-            M(SK_MLA_KVB, nh * (m->nope + m->v_dim), m->kv_lora);
-            M(SK_MLA_G, nh * m->v_dim, E);
-            M(SK_MLA_O, E, nh * m->v_dim);
-        }
-        if (L < m->first_dense) {
-            M(SK_MLP_GATE, m->dense_inter, E);
-            M(SK_MLP_UP, m->dense_inter, E);
-            M(SK_MLP_DOWN, E, m->dense_inter);
+    k3_cfg c;
+    synth_cfg(m, &c);
+    int rc = push_rows(&l, &c, 0, 1, e);
+    for (uint32_t L = 0; L < m->layers && rc == 0; L++) {
+        rc = push_rows(&l, &c, L, 0, e);
+        if (L < m->first_dense)
             continue;
-        }
-        uint64_t Lt = m->latent, I = m->moe_inter, S = (uint64_t)m->moe_inter * m->shared;
-        M(SK_MOE_GATE, m->experts, E);
-        V(SK_MOE_BIAS, m->experts);
-        M(SK_MOE_LDOWN, Lt, E);
-        M(SK_MOE_LUP, E, Lt);
-        V(SK_MOE_LNORM, Lt);
-        if (m->shared) {
-            M(SK_SH_GATE, S, E);
-            M(SK_SH_UP, S, E);
-            M(SK_SH_DOWN, E, S);
-        }
+        uint64_t Lt = m->latent, I = m->moe_inter;
         for (uint32_t x = 0; x < m->experts && rc == 0; x++) {
             if (o->experts_bf16) {
                 rc = rc ? rc : push(&l, L, x, SK_EXP_W1, 2, I, Lt, 0, e);
@@ -385,15 +334,12 @@ int k3_synth_tensors(const k3_synth_opts *o, k3_synth_tensor **out, uint64_t *co
             }
         }
     }
-    L = UINT32_MAX;
-    V(SK_NORM, E);
-    V(SK_OUT_RES_NORM, E);
-    V(SK_OUT_RES_PROJ, E);
-    M(SK_LM_HEAD, m->vocab, E);
-    if (o->vision) {                     /* a token vision tower: left out by k3-convert */
-        M(SK_VIS_PATCH, 64, 48);
-        V(SK_VIS_NORM, 64);
-        M(SK_VIS_PROJ, E, 64);
+    rc = rc ? rc : push_rows(&l, &c, m->layers, 0, e);
+    const uint32_t L = UINT32_MAX;
+    if (o->vision && rc == 0) {          /* a token vision tower: left out by k3-convert */
+        rc = rc ? rc : push(&l, L, 0, SK_VIS_PATCH, 2, 64, 48, 0, e);
+        rc = rc ? rc : push(&l, L, 0, SK_VIS_NORM, 1, 64, 0, 0, e);
+        rc = rc ? rc : push(&l, L, 0, SK_VIS_PROJ, 2, m->hidden, 64, 0, e);
     }
     if (rc) {
         free(l.t);

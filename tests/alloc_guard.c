@@ -16,17 +16,20 @@
 #include "alloc_guard.h"
 
 static atomic_int armed;
-static atomic_ullong count;
+static atomic_ullong count, bytes;
 
-static void note(void)
+static void note_n(size_t n)
 {
-    if (atomic_load_explicit(&armed, memory_order_relaxed))
+    if (atomic_load_explicit(&armed, memory_order_relaxed)) {
         atomic_fetch_add_explicit(&count, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&bytes, n, memory_order_relaxed);
+    }
 }
 
 void k3t_alloc_arm(void)
 {
     atomic_store(&count, 0);
+    atomic_store(&bytes, 0);
     atomic_store(&armed, 1);
 }
 
@@ -35,6 +38,8 @@ uint64_t k3t_alloc_disarm(void)
     atomic_store(&armed, 0);
     return atomic_load(&count);
 }
+
+uint64_t k3t_alloc_bytes(void) { return atomic_load(&bytes); }
 
 #if defined(__SANITIZE_ADDRESS__)
 #define K3T_ASAN 1
@@ -53,8 +58,7 @@ int __sanitizer_install_malloc_and_free_hooks(void (*m)(const volatile void *, s
 static void on_malloc(const volatile void *p, size_t n)
 {
     (void)p;
-    (void)n;
-    note();
+    note_n(n);
 }
 
 static void on_free(const volatile void *p) { (void)p; }
@@ -70,49 +74,49 @@ void *__libc_pvalloc(size_t n);
 
 void *malloc(size_t n)
 {
-    note();
+    note_n(n);
     return __libc_malloc(n);
 }
 
 void *calloc(size_t k, size_t n)
 {
-    note();
+    note_n(k * n);
     return __libc_calloc(k, n);
 }
 
 void *realloc(void *p, size_t n)
 {
-    note();
+    note_n(n);
     return __libc_realloc(p, n);
 }
 
 void *aligned_alloc(size_t align, size_t n)
 {
-    note();
+    note_n(n);
     return __libc_memalign(align, n);
 }
 
 void *memalign(size_t align, size_t n)
 {
-    note();
+    note_n(n);
     return __libc_memalign(align, n);
 }
 
 void *valloc(size_t n)
 {
-    note();
+    note_n(n);
     return __libc_valloc(n);
 }
 
 void *pvalloc(size_t n)
 {
-    note();
+    note_n(n);
     return __libc_pvalloc(n);
 }
 
 int posix_memalign(void **out, size_t align, size_t n)
 {
-    note();
+    note_n(n);
     if (align < sizeof(void *) || (align & (align - 1)))
         return EINVAL;
     void *p = __libc_memalign(align, n);

@@ -13,5 +13,8 @@
 void k3t_alloc_arm(void);
 /* Disarm; the number of allocations since k3t_alloc_arm. */
 uint64_t k3t_alloc_disarm(void);
+/* The bytes those allocations asked for (calloc: count x size; realloc: the
+ * new size), valid after k3t_alloc_disarm. */
+uint64_t k3t_alloc_bytes(void);
 
 #endif

@@ -159,7 +159,7 @@ static void check_embed_rows(k3_vfy *v, pstate *s)
     const k3_man *m = &s->m;
     const k3_pk_tensor *t = NULL;
     for (uint32_t i = 0; i < m->ntensors; i++)
-        if (!strcmp(m->tensors[i].name, "language_model.model.embed_tokens.weight"))
+        if (!strcmp(m->tensors[i].name, K3_SCH_EMBED_NAME))
             t = &m->tensors[i];
     if (!s->row_crc)
         return;

@@ -190,17 +190,16 @@ static void check_expected(k3_vfy *v, const k3_cfg *cfg, shard *sh, const tref *
     k3_man_expect_free(ex, nex);
     /* routed experts: MXFP4 (weight_packed + weight_scale) or float/F8 (weight [+ weight_scale_inv]) */
     const uint64_t I = cfg->moe_intermediate_size, L = cfg->routed_expert_hidden_size;
-    static const char *wn[3] = {"w1", "w2", "w3"};
     for (uint32_t layer = cfg->first_k_dense_replace; layer < cfg->num_hidden_layers; layer++)
         for (uint32_t x = 0; x < cfg->num_experts; x++)
             for (int w = 0; w < 3; w++) {
                 uint64_t rows = w == 1 ? L : I, cols = w == 1 ? I : L;
                 char base[256], n1[300], n2[300];
-                snprintf(base, sizeof base, K3_MAN_PREFIX "layers.%u.block_sparse_moe.experts.%u.%s", layer, x, wn[w]);
-                snprintf(n1, sizeof n1, "%s.weight_packed", base);
+                k3_schema_expert_name(base, sizeof base, layer, x, w, NULL);
+                snprintf(n1, sizeof n1, "%s." K3_SCH_XP_PACKED, base);
                 const tref *p = tfind(all, nall, n1);
                 if (p) {
-                    snprintf(n2, sizeof n2, "%s.weight_scale", base);
+                    snprintf(n2, sizeof n2, "%s." K3_SCH_XP_SCALE, base);
                     const tref *s = tfind(all, nall, n2);
                     if (!s)
                         miss_add(&missing, n2);
@@ -214,7 +213,7 @@ static void check_expected(k3_vfy *v, const k3_cfg *cfg, shard *sh, const tref *
                                        rows, cols / 32);
                     continue;
                 }
-                snprintf(n2, sizeof n2, "%s.weight", base);
+                snprintf(n2, sizeof n2, "%s." K3_SCH_XP_WEIGHT, base);
                 const tref *f = tfind(all, nall, n2);
                 if (!f) {
                     miss_add(&missing, n1);
@@ -224,7 +223,7 @@ static void check_expected(k3_vfy *v, const k3_cfg *cfg, shard *sh, const tref *
                     k3_vfy_problem(v, sh[f->shard].name, "tensor %s: expected [%" PRIu64 ", %" PRIu64 "]", n2, rows,
                                    cols);
                 if (f->t->dtype == K3_DT_F8_E4M3) {
-                    snprintf(n1, sizeof n1, "%s.weight_scale_inv", base);
+                    snprintf(n1, sizeof n1, "%s." K3_SCH_XP_SCALE_INV, base);
                     if (!tfind(all, nall, n1))
                         miss_add(&missing, n1);
                 }
