@@ -190,6 +190,7 @@ int k3_spec_gen_seq(k3_engine *en, k3_seq *seq, k3_sampler *smp, k3_drafter *dr,
             if ((rc = k3_seq_copy(spare, cur, e)) < 0)
                 goto out;
             sp->copy_s += now_s() - tc;
+            sp->copy_bytes += k3_seq_state_size(cur) - 64;
             sp->copies++;
             sp->spec_passes++;
             run = spare;
@@ -244,6 +245,7 @@ int k3_spec_gen_seq(k3_engine *en, k3_seq *seq, k3_sampler *smp, k3_drafter *dr,
         if ((rc = k3_seq_copy(seq, cur, e)) < 0)
             goto out;
         sp->copy_s += now_s() - tc;
+        sp->copy_bytes += k3_seq_state_size(cur) - 64;
         sp->copies++;
     }
     sp->n_fed = c;

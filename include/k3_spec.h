@@ -66,6 +66,7 @@ typedef struct k3_spec_stats {
     uint64_t chunk_ids;    /* ids fed in decode passes (carried ones included) */
     uint32_t copies;       /* state copies (rollback checkpoints) */
     double copy_s;         /* wall time of those copies */
+    uint64_t copy_bytes;   /* state bytes they moved (k3_seq_state_size less its header) */
     uint32_t n_fed;        /* generated ids the caller's sequence holds on return */
 } k3_spec_stats;
 

@@ -242,11 +242,11 @@ static void spec_json(const k3_spec_stats *sp, const k3_gen_stats *st, uint32_t 
     uint32_t n = n_gen ? n_gen - 1 : 0;
     printf(",\"spec\":{\"drafter\":\"ngram\",\"k_max\":%u,\"passes\":%u,\"spec_passes\":%u,\"ids\":%u,"
            "\"ids_per_pass\":%.4f,\"drafted\":%llu,\"accepted\":%llu,\"acceptance\":%.4f,"
-           "\"s_per_id\":%.6f,\"chunk_ids\":%llu,\"copies\":%u,\"copy_s\":%.6f}",
+           "\"s_per_id\":%.6f,\"chunk_ids\":%llu,\"copies\":%u,\"copy_s\":%.6f,\"copy_bytes\":%llu}",
            k_max, sp->passes, sp->spec_passes, n, sp->passes ? (double)n / sp->passes : 0.0,
            (unsigned long long)sp->drafted, (unsigned long long)sp->accepted,
            sp->drafted ? (double)sp->accepted / (double)sp->drafted : 0.0, n ? st->decode_s / n : 0.0,
-           (unsigned long long)sp->chunk_ids, sp->copies, sp->copy_s);
+           (unsigned long long)sp->chunk_ids, sp->copies, sp->copy_s, (unsigned long long)sp->copy_bytes);
 }
 
 /* libgomp's default wait policy keeps a thread spinning for a while after
