@@ -78,6 +78,8 @@ int k3_gen_run(k3_model *m, k3_sess *s, k3_sampler *smp, const uint32_t *prompt,
     double t1 = now_s();
     st->prompt_s = t1 - t0;
     for (uint32_t i = 0; i < o->max_new; i++) {
+        if (o->gen_logits)
+            memcpy(o->gen_logits + (uint64_t)i * V, logits, V * sizeof(float));
         uint32_t id = k3_sampler_next(smp, logits);
         out[(*n_out)++] = id;
         st->n_gen = *n_out;

@@ -63,6 +63,7 @@ typedef struct k3_gen_opts {
     k3_gen_cb cb;
     void *ud;
     struct k3_progress *progress;  /* if set: prompt tokens done, counted per chunk (same bits) */
+    float *gen_logits;         /* if set: max_new x V floats, row i = the logits id i was drawn from */
 } k3_gen_opts;
 
 typedef struct k3_gen_stats {

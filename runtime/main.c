@@ -35,6 +35,7 @@
 #include "k3_out.h"
 #include "k3_plan.h"
 #include "k3_progress.h"
+#include "k3_spec.h"
 #include "k3_stream.h"
 #include "k3_tok.h"
 #include "run_trunk.h"
@@ -62,6 +63,9 @@ static void usage(FILE *f)
             "  --top-p P              keep the smallest set with probability >= P (default 1)\n"
             "  --seed S               sampler seed (default 0): same seed, same tokens\n"
             "  --chunk N              prompt tokens per forward step (default 64)\n"
+            "  --spec ngram[:K]       speculative decoding: guess up to K ids (default 8) by\n"
+            "                         n-gram lookup in the prompt and output, check them in one\n"
+            "                         pass; the output is identical to decoding without it\n"
             "  --threads N            worker threads (default: all cores)\n"
             "memory (packed models):\n"
             "  --ram SIZE             stream the weights within SIZE bytes of RAM (K/M/G/T\n"
@@ -83,6 +87,7 @@ static void usage(FILE *f)
             "  --progress             prompt progress on stderr even when it is not a terminal\n"
             "  --logits FILE          float32 LE logits of the last prompt position [V]\n"
             "  --logits-all FILE      float32 LE logits of every prompt position [T][V]\n"
+            "  --logits-gen FILE      float32 LE logits each generated id was drawn from [N][V]\n"
             "state (runtime/CHAT.md):\n"
             "  --state-save FILE      after the prompt, save the sequence (all but the prompt's\n"
             "                         last id) with its ids and the model's fingerprint\n"
@@ -220,6 +225,30 @@ static void print_ids(const uint32_t *ids, uint32_t n)
     putchar(']');
 }
 
+/* Speculative decoding, per generated id after the first (the first comes
+ * from the prompt pass): ids per decode pass, guesses kept, seconds per id. */
+static void spec_report(const k3_spec_stats *sp, const k3_gen_stats *st, uint32_t n_gen, FILE *f)
+{
+    uint32_t n = n_gen ? n_gen - 1 : 0;
+    fprintf(f, "k3-run: spec: %u ids in %u passes (%.2f per pass), %llu of %llu guesses kept (%.1f %%), "
+               "%.4f s per id, %u state copies %.4f s\n",
+            n, sp->passes, sp->passes ? (double)n / sp->passes : 0.0, (unsigned long long)sp->accepted,
+            (unsigned long long)sp->drafted, sp->drafted ? 100.0 * (double)sp->accepted / (double)sp->drafted : 0.0,
+            n ? st->decode_s / n : 0.0, sp->copies, sp->copy_s);
+}
+
+static void spec_json(const k3_spec_stats *sp, const k3_gen_stats *st, uint32_t n_gen, uint32_t k_max)
+{
+    uint32_t n = n_gen ? n_gen - 1 : 0;
+    printf(",\"spec\":{\"drafter\":\"ngram\",\"k_max\":%u,\"passes\":%u,\"spec_passes\":%u,\"ids\":%u,"
+           "\"ids_per_pass\":%.4f,\"drafted\":%llu,\"accepted\":%llu,\"acceptance\":%.4f,"
+           "\"s_per_id\":%.6f,\"chunk_ids\":%llu,\"copies\":%u,\"copy_s\":%.6f,\"copy_bytes\":%llu}",
+           k_max, sp->passes, sp->spec_passes, n, sp->passes ? (double)n / sp->passes : 0.0,
+           (unsigned long long)sp->drafted, (unsigned long long)sp->accepted,
+           sp->drafted ? (double)sp->accepted / (double)sp->drafted : 0.0, n ? st->decode_s / n : 0.0,
+           (unsigned long long)sp->chunk_ids, sp->copies, sp->copy_s, (unsigned long long)sp->copy_bytes);
+}
+
 /* libgomp's default wait policy keeps a thread spinning for a while after
  * every parallel region. k3-run ends a region and then often waits for a read
  * (a streamed piece, an expert) while the I/O threads need the CPU for their
@@ -244,7 +273,7 @@ int main(int argc, char **argv)
     if (k3_chat_wanted(argc, argv))
         return k3_chat_main(argc, argv);   /* runtime/chat_loop.c */
     const char *model_dir = NULL, *prompt = NULL, *prompt_file = NULL, *ids_arg = NULL, *tok_dir = NULL;
-    const char *logits_path = NULL, *logits_all_path = NULL;
+    const char *logits_path = NULL, *logits_all_path = NULL, *logits_gen_path = NULL, *spec_arg = NULL;
     uint64_t gen = 64, chunk = 64, threads = 0, top_k = 0, seed = 0;
     double temperature = 0.0, top_p = 1.0;
     int json = 0, tokenize = 0, detokenize = 0, progress_mode = K3_PROGRESS_AUTO;
@@ -288,6 +317,12 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--logits-all")) {
             NEEDV();
             logits_all_path = v;
+        } else if (!strcmp(a, "--logits-gen")) {
+            NEEDV();
+            logits_gen_path = v;
+        } else if (!strcmp(a, "--spec")) {
+            NEEDV();
+            spec_arg = v;
         } else if (!strcmp(a, "--gen")) {
             NEEDV();
             if (k3_cli_parse_u64(v, 0, 1u << 24, &gen))
@@ -391,6 +426,10 @@ int main(int argc, char **argv)
 
     k3_err e = {0};
     int rc = 0;
+    k3_drafter *drafter = NULL;
+    uint32_t spec_k = 0;
+    if (spec_arg && k3_spec_parse(spec_arg, &drafter, &spec_k, &e) < 0)
+        return die(e.code, e.msg);
     char *text = NULL;
     uint64_t text_len = 0;
     if (prompt) {
@@ -469,7 +508,9 @@ int main(int argc, char **argv)
     k3_seq *s = NULL;
     k3_sampler *smp = NULL;
     k3_tok_stream *ts = NULL;
-    float *logits = NULL, *first = NULL, *all = NULL;
+    float *logits = NULL, *first = NULL, *all = NULL, *glog = NULL;
+    k3_spec_stats sps;
+    memset(&sps, 0, sizeof sps);
     uint32_t *gen_ids = NULL, n_gen = 0;
     stream_ctx sc = {0};
     k3_stream_run run;
@@ -510,7 +551,10 @@ int main(int argc, char **argv)
     const uint32_t V = k3_engine_cfg(en)->vocab_size;
     k3_engine_get_info(en, &info);
     if (info.streams) {   /* the plan first: printed before anything big is read */
-        k3_engine_size sz = {n_ids + (uint32_t)gen, 1, (2 + (logits_all_path ? (uint64_t)n_ids : 0)) * 4ull * V};
+        /* --spec: a second sequence for the rollback and 2K+1 rows of logits */
+        uint64_t extra = 2 + (logits_all_path ? (uint64_t)n_ids : 0) + (logits_gen_path ? gen : 0) +
+                         (drafter ? 2ull * spec_k + 1 : 0);
+        k3_engine_size sz = {n_ids + (uint32_t)gen, drafter ? 2 : 1, extra * 4ull * V};
         const k3_stream_plan *plan;
         rc = k3_engine_plan(en, &sz, &plan, &e);
         k3_engine_get_info(en, &info);
@@ -556,7 +600,9 @@ int main(int argc, char **argv)
     gen_ids = malloc((gen ? gen : 1) * sizeof(uint32_t));
     if (logits_all_path)
         all = malloc((uint64_t)n_ids * V * sizeof(float));
-    if (!logits || !first || !gen_ids || (logits_all_path && !all)) {
+    if (logits_gen_path)
+        glog = malloc((gen ? gen : 1) * (uint64_t)V * sizeof(float));
+    if (!logits || !first || !gen_ids || (logits_all_path && !all) || (logits_gen_path && !glog)) {
         rc = k3_err_set(&e, K3_ENOMEM, "out of memory for logits");
         goto out;
     }
@@ -588,7 +634,7 @@ int main(int argc, char **argv)
         goto out;
     k3_progress *prog = k3_progress_create("k3-run: prompt", n_ids - reuse, stderr, progress_mode);
     k3_progress_set_unit(prog, "tokens");
-    k3_gen_opts go = {(uint32_t)gen, eos, n_eos, logits, first, all, on_token, &sc, prog};
+    k3_gen_opts go = {(uint32_t)gen, eos, n_eos, logits, first, all, on_token, &sc, prog, glog};
     k3_gen_stats st;
     if (gen == 0) {
         /* prompt only: still compute the logits asked for */
@@ -597,6 +643,9 @@ int main(int argc, char **argv)
         if (rc == 0 && all)
             memcpy(first, all + (uint64_t)(n_ids - 1) * V, (uint64_t)V * sizeof(float));
         memset(&st, 0, sizeof st);
+    } else if (drafter) {
+        rc = k3_spec_gen_seq(en, s, smp, drafter, spec_k, ids + reuse, n_ids - reuse, &go, gen_ids, &n_gen, &st,
+                             &sps, &e);
     } else {
         rc = k3_gen_seq(en, s, smp, ids + reuse, n_ids - reuse, &go, gen_ids, &n_gen, &st, &e);
     }
@@ -615,6 +664,8 @@ int main(int argc, char **argv)
         run.direct = info.direct;
         k3_stream_report_print(&run, stderr, "k3-run: ");
     }
+    if (drafter)
+        spec_report(&sps, &st, n_gen, stderr);
     if (ts) {
         const char *b;
         uint64_t n;
@@ -634,6 +685,8 @@ int main(int argc, char **argv)
     if (logits_path && (rc = write_floats(logits_path, first, V, &e)) < 0)
         goto out;
     if (logits_all_path && (rc = write_floats(logits_all_path, all, (uint64_t)n_ids * V, &e)) < 0)
+        goto out;
+    if (logits_gen_path && (rc = write_floats(logits_gen_path, glog, (uint64_t)n_gen * V, &e)) < 0)
         goto out;
     if (json) {
         printf("{\"prompt_ids\":");
@@ -661,6 +714,8 @@ int main(int argc, char **argv)
             k3_run_trunk_json(&tr, tj, sizeof tj);
             printf(",\"trunk\":%s", tj);
         }
+        if (drafter)
+            spec_json(&sps, &st, n_gen, spec_k);
         if (info.streams) {
             char *sj = k3_stream_report_json(&run);
             if (!sj) {
@@ -679,7 +734,9 @@ out:
     free(logits);
     free(first);
     free(all);
+    free(glog);
     free(gen_ids);
+    k3_drafter_free(drafter);
     k3_sampler_free(smp);
     k3_seq_free(s);
     k3_engine_close(en);

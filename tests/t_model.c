@@ -209,7 +209,7 @@ K3_TEST(gen_stops_at_an_end_of_sequence_id_and_reports_it)
     float lg[97], first[97];
     uint32_t out[8], n = 0;
     k3_gen_stats st;
-    k3_gen_opts o = {8, NULL, 0, lg, first, NULL, NULL, NULL, NULL};
+    k3_gen_opts o = {8, NULL, 0, lg, first, NULL, NULL, NULL, NULL, NULL};
     CHECK_EQ_INT(k3_gen_run(m, s, smp, ids32, 4, &o, out, &n, &st, &e), 0);
     CHECK_EQ_INT(n, 8);
     CHECK_EQ_INT(st.stopped_by_eos, 0);
