@@ -4,7 +4,7 @@
  * bound of those bytes.
  *
  *   bin/bench-bench_batch PACKED_DIR [--ram BUDGET] [--batches 1,2,4,8,16]
- *                         [--gen N] [--threads N] [--gbps G]
+ *                         [--gen N] [--threads N] [--gbps G [--xgbps X]]
  *
  * For each B: a fresh engine planned for B sequences of 4 + N tokens, B
  * different 4-token prompts in one step, then N decode steps of B tokens
@@ -13,8 +13,10 @@
  * decode seconds per step, aggregate tokens/s (B / s per step), trunk and
  * expert bytes read per step, experts requested per step (the union of what
  * the B rows route to, summed over the MoE layers), the cache hits, and the
- * I/O bound per step = bytes read / G GB/s (G: the device's O_DIRECT read
- * rate, e.g. from bench-bench_stream --json; without --gbps no bound).
+ * I/O bound per step = trunk bytes / G GB/s + expert bytes / X GB/s (the
+ * device's O_DIRECT read rates for trunk units and expert records, e.g.
+ * trunk_gbps and experts_gbps of bench-bench_stream --json; X defaults to G;
+ * without --gbps no bound).
  */
 #include <omp.h>
 #include <stdio.h>
@@ -40,7 +42,7 @@ static uint32_t argmax(const float *x, uint32_t n)
     return b;
 }
 
-static int run(const char *dir, const char *ram, uint32_t B, uint32_t gen, double gbps)
+static int run(const char *dir, const char *ram, uint32_t B, uint32_t gen, double gbps, double xgbps)
 {
     k3_err e = {0};
     k3_engine_opts o;
@@ -100,9 +102,10 @@ static int run(const char *dir, const char *ram, uint32_t B, uint32_t gen, doubl
         printf("B=%-3u decode %.3f s/step  %.3f tok/s  trunk %.3f GB/step  experts %.3f GB/step  "
                "requested %.1f experts/step (%.1f hits)  I/O wait %.3f s/step",
                B, sps, B / sps, tb / 1e9, xb / 1e9, req, hit, wait);
-        if (gbps > 0)
-            printf("  I/O bound %.3f s/step (%.2f GB/s)  ratio %.2f", (tb + xb) / 1e9 / gbps, gbps,
-                   sps / ((tb + xb) / 1e9 / gbps));
+        if (gbps > 0) {
+            const double bound = tb / 1e9 / gbps + xb / 1e9 / xgbps;
+            printf("  I/O bound %.3f s/step  ratio %.2f", bound, sps / bound);
+        }
         printf("\n");
         fflush(stdout);
     }
@@ -115,7 +118,7 @@ int main(int argc, char **argv)
 {
     const char *dir = NULL, *ram = "floor", *batches = "1,2,4,8,16";
     uint32_t gen = 4, threads = 0;
-    double gbps = 0;
+    double gbps = 0, xgbps = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ram") && i + 1 < argc)
             ram = argv[++i];
@@ -127,6 +130,8 @@ int main(int argc, char **argv)
             threads = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--gbps") && i + 1 < argc)
             gbps = strtod(argv[++i], NULL);
+        else if (!strcmp(argv[i], "--xgbps") && i + 1 < argc)
+            xgbps = strtod(argv[++i], NULL);
         else if (argv[i][0] != '-' && !dir)
             dir = argv[i];
         else
@@ -134,13 +139,16 @@ int main(int argc, char **argv)
     }
     if (!dir || gen < 2) {
         fprintf(stderr, "usage: bench-bench_batch PACKED_DIR [--ram BUDGET] [--batches 1,2,4,8,16] [--gen N >= 2] "
-                        "[--threads N] [--gbps G]\n");
+                        "[--threads N] [--gbps G [--xgbps X]]\n");
         return 2;
     }
     if (threads)
         omp_set_num_threads((int)threads);
-    printf("bench_batch: %s --ram %s, %d threads, %u-token prompts, %u decode steps (%u timed)\n", dir, ram,
-           omp_get_max_threads(), NPROMPT, gen, gen - 1);
+    if (xgbps <= 0)
+        xgbps = gbps;
+    printf("bench_batch: %s --ram %s, %d threads, %u-token prompts, %u decode steps (%u timed); "
+           "I/O at %.3f GB/s trunk, %.3f GB/s experts\n",
+           dir, ram, omp_get_max_threads(), NPROMPT, gen, gen - 1, gbps, xgbps);
     int bad = 0;
     for (const char *p = batches; *p;) {
         char *end;
@@ -149,7 +157,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_batch: bad --batches %s (1 to %d)\n", batches, MAXB);
             return 2;
         }
-        bad |= run(dir, ram, (uint32_t)B, gen, gbps) < 0;
+        bad |= run(dir, ram, (uint32_t)B, gen, gbps, xgbps) < 0;
         p = *end == ',' ? end + 1 : end;
     }
     return bad ? 1 : 0;
