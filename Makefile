@@ -89,7 +89,7 @@ BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BIN)/bench-%)
 
 GEN_HDR =   # generated headers, appended to by module.mk files
 
-.PHONY: all test check-layout test-arm64 demo asan bench install install-man clean deps
+.PHONY: all test check-layout check-lines test-arm64 demo asan bench install install-man clean deps
 all: $(LIB) $(TOOLS) $(TEST_BIN)
 
 -include $(sort $(wildcard */module.mk))
@@ -121,8 +121,12 @@ $(BIN)/bench-%: bench/%.c $(TOOL_LIB_OBJ) $(LIB)
 	@mkdir -p $(BIN)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS_ALL) -o $@ $< $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS) $(TOOL_LDLIBS)
 
-test: all check-layout
+test: all check-layout check-lines
 	K3_BIN=$(BIN) ./$(TEST_BIN) $(T)
+
+# No source file over 1,000 lines (scripts/check-lines: the exceptions and why).
+check-lines:
+	./scripts/check-lines
 
 # No tool holds another tool's code (nm of each binary against the others'
 # objects).

@@ -1,0 +1,525 @@
+/*
+ * ws_stream_trunk.c - the streaming source's trunk: the ring and its reader
+ * thread, pinned and streamed groups, row pieces, the embedding rows
+ * (invariants: ws_stream.c).
+ */
+#include "ws_stream_int.h"
+
+/* -------------------------------------------------------------- trunk */
+
+/* Read a group's units as chunks spread over the I/O threads (parallel
+ * O_DIRECT preads, each CRC'd where read), then fold the chunk CRCs of each
+ * unit in order (crc32_combine) and compare with the unit's CRC. */
+static int read_group_par(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_err *e)
+{
+    const grp *G = &w->grp[g];
+    pthread_mutex_lock(&w->x_mu);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < G->nunits; i++) {
+        const k3_pk_unit *u = k3_pk_unit_at(w->pk, G->units[i]);
+        for (uint64_t o = 0; o < u->nbytes; o += TCHUNK) {
+            tchunk *c = &w->tc[n++];
+            c->unit = G->units[i];
+            c->file = u->file;
+            c->off = u->offset + o;
+            c->n = u->nbytes - o < TCHUNK ? u->nbytes - o : TCHUNK;
+            c->dst = dst + G->unit_rel[i] + o;
+            c->ca = c->cb = 0;
+            c->crc = 0;
+            c->rc = crc;   /* in: 1 = compute the CRC */
+            k3_err_clear(&c->err);
+        }
+    }
+    w->tc_n = n;
+    w->tc_next = 0;
+    w->tc_done = 0;
+    pthread_cond_broadcast(&w->io_cv);
+    while (w->tc_done < w->tc_n)
+        pthread_cond_wait(&w->tc_cv, &w->x_mu);
+    w->tc_n = 0;
+    pthread_mutex_unlock(&w->x_mu);
+    int rc = 0;
+    for (uint32_t k = 0; k < n && rc == 0; k++)
+        if (w->tc[k].rc < 0) {
+            rc = w->tc[k].rc;
+            if (e) {
+                k3_err_clear(e);
+                *e = w->tc[k].err;
+            }
+        }
+    for (uint32_t k = 0; k < n && rc == 0 && crc;) {
+        const k3_pk_unit *u = k3_pk_unit_at(w->pk, w->tc[k].unit);
+        uLong v = w->tc[k].crc;
+        uint32_t j = k + 1;
+        for (; j < n && w->tc[j].unit == w->tc[k].unit; j++)
+            v = crc32_combine(v, w->tc[j].crc, (z_off_t)w->tc[j].n);
+        if ((uint32_t)v != u->crc32)
+            rc = k3_err_set(e, K3_ECORRUPT, "%s: unit %u (layer %d) at offset %llu has CRC32 %08x, expected %08x",
+                            k3_pk_file_at(w->pk, u->file)->path, w->tc[k].unit, u->layer,
+                            (unsigned long long)u->offset, (uint32_t)v, u->crc32);
+        k = j;
+    }
+    if (rc < 0) {
+        char name[48], what[64];
+        group_name(w, g, name, sizeof name);
+        snprintf(what, sizeof what, "trunk of %s", name);
+        return err_wrap(e, rc, what);
+    }
+    return 0;
+}
+
+int k3_wss_read_group(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_err *e)
+{
+    const grp *G = &w->grp[g];
+    if (w->threads_on && w->tc)
+        return read_group_par(w, g, dst, crc, e);
+    for (uint32_t i = 0; i < G->nunits; i++) {
+        int rc = k3_pk_read_unit(w->pk, G->units[i], dst + G->unit_rel[i], crc, e);
+        if (rc < 0) {
+            char name[48], what[64];
+            group_name(w, g, name, sizeof name);
+            snprintf(what, sizeof what, "trunk of %s", name);
+            return err_wrap(e, rc, what);
+        }
+    }
+    return 0;
+}
+
+/* Read [off, off + n) of a file (4096-aligned) into dst, in chunks over the
+ * I/O threads, without CRC (the caller checks exact ranges). */
+/* Read [off, off + n) of a file (4096-aligned) into dst, in chunks over the
+ * I/O threads; with crc, *crc is the CRC32 of the exact bytes [a, b) inside
+ * it (each chunk CRCs its share where it is read, folded in order). */
+static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint8_t *dst, uint64_t a, uint64_t b,
+                     uint32_t *crc, k3_err *e)
+{
+    if (!w->threads_on || !w->tc) {
+        int rc = k3_pk_read(w->pk, file, dst, n, off, NULL, 0, e);
+        if (rc == 0 && crc)
+            *crc = k3_crc32(0, dst + (a - off), (size_t)(b - a));
+        return rc;
+    }
+    uLong fold = 0;   /* the CRC of nothing */
+    for (uint64_t done = 0; done < n;) {
+        pthread_mutex_lock(&w->x_mu);
+        uint32_t k = 0;
+        for (; k < w->tc_cap && done < n; k++) {
+            tchunk *c = &w->tc[k];
+            c->unit = 0;
+            c->file = file;
+            c->off = off + done;
+            c->n = n - done < TCHUNK ? n - done : TCHUNK;
+            c->dst = dst + done;
+            c->ca = c->off > a ? c->off : a;
+            c->cb = c->off + c->n < b ? c->off + c->n : b;
+            c->rc = crc && c->cb > c->ca;   /* in: compute the CRC of [ca, cb) */
+            if (!c->rc)
+                c->ca = c->cb = 0;
+            c->crc = 0;
+            k3_err_clear(&c->err);
+            done += c->n;
+        }
+        w->tc_n = k;
+        w->tc_next = 0;
+        w->tc_done = 0;
+        pthread_cond_broadcast(&w->io_cv);
+        while (w->tc_done < w->tc_n)
+            pthread_cond_wait(&w->tc_cv, &w->x_mu);
+        w->tc_n = 0;
+        pthread_mutex_unlock(&w->x_mu);
+        for (uint32_t i = 0; i < k; i++)
+            if (w->tc[i].rc < 0) {
+                if (e) {
+                    k3_err_clear(e);
+                    *e = w->tc[i].err;
+                }
+                return w->tc[i].rc;
+            }
+        for (uint32_t i = 0; crc && i < k; i++)
+            if (w->tc[i].cb > w->tc[i].ca)
+                fold = crc32_combine(fold, w->tc[i].crc, (z_off_t)(w->tc[i].cb - w->tc[i].ca));
+    }
+    if (crc)
+        *crc = (uint32_t)fold;
+    return 0;
+}
+
+/* Fold the parts of every unit of g whose parts have all arrived in this
+ * pass and compare with the unit's CRC. */
+static int check_units(ws_stream *w, uint32_t g, k3_err *e)
+{
+    grp *G = &w->grp[g];
+    for (uint32_t i = 0; i < G->nunits; i++) {
+        if (G->unit_done[i])
+            continue;
+        uint32_t p0 = G->unit_part0[i], p1 = G->unit_part0[i + 1];
+        int all = 1;
+        for (uint32_t p = p0; p < p1 && all; p++)
+            all = G->parts[p].have;
+        if (!all)
+            continue;
+        G->unit_done[i] = 1;
+        uLong v = G->parts[p0].crc;
+        for (uint32_t p = p0 + 1; p < p1; p++)
+            v = crc32_combine(v, G->parts[p].crc, (z_off_t)(G->parts[p].b - G->parts[p].a));
+        const k3_pk_unit *u = k3_pk_unit_at(w->pk, G->units[i]);
+        if (w->trunk_crc && (uint32_t)v != u->crc32) {
+            char name[48];
+            group_name(w, g, name, sizeof name);
+            return k3_err_set(e, K3_ECORRUPT,
+                              "%s: unit %u (layer %d) at offset %llu has CRC32 %08x, expected %08x (trunk of %s)",
+                              k3_pk_file_at(w->pk, u->file)->path, G->units[i], u->layer,
+                              (unsigned long long)u->offset, (uint32_t)v, u->crc32, name);
+        }
+    }
+    return 0;
+}
+
+/* The core of a group with streamed matrices: its segments, each read
+ * widened to 4096 and CRC'd over its exact range. Starts a CRC pass. */
+static int read_core(ws_stream *w, uint32_t g, uint8_t *dst, k3_err *e)
+{
+    grp *G = &w->grp[g];
+    for (uint32_t p = 0; p < G->nparts; p++)
+        G->parts[p].have = 0;
+    memset(G->unit_done, 0, G->nunits);
+    for (uint32_t k = 0; k < G->nsegs; k++) {
+        const seg *S = &G->segs[k];
+        uint64_t a4 = S->a / 4096 * 4096, b4 = (S->b + 4095) / 4096 * 4096;
+        uint32_t v = 0;
+        int rc = read_span(w, S->file, a4, b4 - a4, dst + S->pos, S->a, S->b, w->trunk_crc ? &v : NULL, e);
+        if (rc < 0) {
+            char name[48], what[64];
+            group_name(w, g, name, sizeof name);
+            snprintf(what, sizeof what, "trunk of %s", name);
+            return err_wrap(e, rc, what);
+        }
+        G->parts[S->part].crc = v;
+        G->parts[S->part].have = 1;
+    }
+    return check_units(w, g, e);
+}
+
+/* Bytes [a, b) of piece c of streamed matrix j of group g. */
+void k3_wss_piece_range(const grp *G, uint32_t j, uint32_t c, uint64_t *a, uint64_t *b)
+{
+    const lazyt *L = &G->lz[j];
+    *a = L->off + (uint64_t)c * L->chunk_rows * L->rowbytes;
+    uint64_t end = L->off + L->rows * L->rowbytes, n = L->chunk_rows * L->rowbytes;
+    *b = end - *a < n ? end : *a + n;
+}
+
+uint64_t k3_wss_piece_region(const grp *G, uint32_t j, uint32_t c)
+{
+    uint64_t a, b;
+    k3_wss_piece_range(G, j, c, &a, &b);
+    return (b + 4095) / 4096 * 4096 - a / 4096 * 4096;
+}
+
+static int read_piece(ws_stream *w, uint32_t g, uint32_t j, uint32_t c, uint8_t *dst, uint64_t *skip, k3_err *e)
+{
+    grp *G = &w->grp[g];
+    uint64_t a, b;
+    k3_wss_piece_range(G, j, c, &a, &b);
+    uint64_t a4 = a / 4096 * 4096, b4 = (b + 4095) / 4096 * 4096;
+    *skip = a - a4;
+    uint32_t v = 0;
+    int rc = read_span(w, G->lz[j].file, a4, b4 - a4, dst, a, b, w->trunk_crc ? &v : NULL, e);
+    if (rc < 0) {
+        char name[48], what[96];
+        group_name(w, g, name, sizeof name);
+        snprintf(what, sizeof what, "trunk of %s, %s rows from %llu", name, k3_wslot_name((k3_wslot)G->lz[j].slot),
+                 (unsigned long long)(c * G->lz[j].chunk_rows));
+        return err_wrap(e, rc, what);
+    }
+    part *P = &G->parts[G->lz[j].part0 + c];
+    P->crc = v;
+    P->have = 1;
+    return check_units(w, g, e);
+}
+
+/* Where a region of n bytes fits after the newest entry of FIFO q. */
+static int fifo_fit(const rent *q, uint32_t qh, uint32_t qn, uint64_t cap, uint64_t n, uint64_t *off)
+{
+    if (n > cap)
+        return 0;
+    if (qn == 0) {
+        *off = 0;
+        return 1;
+    }
+    const rent *first = &q[qh], *last = &q[(qh + qn - 1) % RING_Q];
+    uint64_t end = last->off + last->n;
+    if (last->off >= first->off) {     /* not wrapped: free [end, cap) and [0, first) */
+        if (n <= cap - end) {
+            *off = end;
+            return 1;
+        }
+        if (n <= first->off) {
+            *off = 0;
+            return 1;
+        }
+        return 0;
+    }
+    if (n <= first->off - end) {       /* wrapped: free [end, first) */
+        *off = end;
+        return 1;
+    }
+    return 0;
+}
+
+void *k3_wss_reader_main(void *arg)
+{
+    ws_stream *w = arg;
+    pthread_mutex_lock(&w->ring_mu);
+    while (!w->stop) {
+        const item it = w->order[w->next];
+        const grp *G = &w->grp[it.g];
+        int piece = it.j >= 0;
+        uint64_t off, n = piece ? k3_wss_piece_region(G, (uint32_t)it.j, it.c) : G->nlz ? G->core : G->bytes;
+        rent *q = piece ? w->pq : w->q;
+        uint32_t *qh = piece ? &w->pqh : &w->qh, *qn = piece ? &w->pqn : &w->qn;
+        if (*qn == RING_Q || !fifo_fit(q, *qh, *qn, piece ? w->pring_cap : w->ring_cap, n, &off)) {
+            pthread_cond_wait(&w->ring_cv, &w->ring_mu);
+            continue;
+        }
+        rent *r = &q[(*qh + *qn) % RING_Q];
+        r->g = it.g;
+        r->j = it.j;
+        r->c = it.c;
+        r->off = off;
+        r->n = n;
+        r->skip = 0;
+        r->state = R_READING;
+        r->rc = 0;
+        (*qn)++;
+        w->next = (w->next + 1) % w->norder;
+        pthread_mutex_unlock(&w->ring_mu);
+        k3_err err = {0};
+        int rc;
+        if (piece)
+            rc = read_piece(w, it.g, (uint32_t)it.j, it.c, w->pring + off, &r->skip, &err);
+        else if (G->nlz)
+            rc = read_core(w, it.g, w->ring + off, &err);
+        else
+            rc = k3_wss_read_group(w, it.g, w->ring + off, w->trunk_crc, &err);
+        pthread_mutex_lock(&w->ring_mu);
+        if (rc < 0) {
+            r->rc = rc;
+            r->err = err;
+            r->state = R_ERROR;
+        } else {
+            r->state = R_READY;
+            w->st.trunk_stream_bytes += r->n;
+        }
+        pthread_cond_broadcast(&w->ring_cv);
+    }
+    pthread_mutex_unlock(&w->ring_mu);
+    return NULL;
+}
+
+static void fill_views(ws_stream *w, uint32_t g, const uint8_t *region, int core)
+{
+    const k3_view *t = &w->tmpl[(uint64_t)g * K3_W_COUNT];
+    const grp *G = &w->grp[g];
+    for (int s = 0; s < K3_W_COUNT; s++) {
+        w->cur[s] = t[s];
+        w->cur[s].data = !t[s].ndim ? NULL : !core ? region + G->rel[s] : G->cok[s] ? region + G->crel[s] : NULL;
+    }
+    if (core)
+        for (uint32_t j = 0; j < G->nlz; j++) {
+            k3_view *v = &w->cur[G->lz[j].slot];
+            v->data = NULL;
+            v->src = &w->base;
+            v->group = g;
+            v->slot = G->lz[j].slot;
+        }
+}
+
+int k3_wss_st_acquire(k3_ws *ws, uint32_t g, const k3_view **views, k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (!w->started)
+        return k3_err_set(e, K3_EINTERNAL, "streaming source used before k3_ws_stream_start");
+    if (g >= w->ng)
+        return k3_err_set(e, K3_EINTERNAL, "weight group %u out of range", g);
+    if (g == 0)
+        w->st.forwards++;
+    if (w->grp[g].pinned) {
+        fill_views(w, g, w->grp[g].pinned, 0);
+        *views = w->cur;
+        return 0;
+    }
+    double t0 = now_s();
+    pthread_mutex_lock(&w->ring_mu);
+    rent *r;
+    for (;;) {
+        if (w->qn) {
+            r = &w->q[w->qh];
+            if (r->state == R_READING) {
+                pthread_cond_wait(&w->ring_cv, &w->ring_mu);
+                continue;
+            }
+            if (r->g == g)
+                break;
+            w->qh = (w->qh + 1) % RING_Q;   /* a group the model did not ask for */
+            w->qn--;
+            w->st.ring_drops++;
+            pthread_cond_broadcast(&w->ring_cv);
+            continue;
+        }
+        if (w->order[w->next].g != g || w->order[w->next].j >= 0) {
+            w->next = w->pos[g];
+            pthread_cond_broadcast(&w->ring_cv);
+        }
+        pthread_cond_wait(&w->ring_cv, &w->ring_mu);
+    }
+    w->st.trunk_wait_s += now_s() - t0;
+    if (r->state == R_ERROR) {
+        int rc = r->rc;
+        if (e)
+            *e = r->err;
+        pthread_mutex_unlock(&w->ring_mu);
+        return rc;
+    }
+    r->state = R_INUSE;
+    uint8_t *region = w->ring + r->off;
+    pthread_mutex_unlock(&w->ring_mu);
+    fill_views(w, g, region, w->grp[g].nlz > 0);
+    *views = w->cur;
+    return 0;
+}
+
+void k3_wss_st_release(k3_ws *ws, uint32_t g)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (g >= w->ng || w->grp[g].pinned || !w->started)
+        return;
+    pthread_mutex_lock(&w->ring_mu);
+    if (w->qn && w->q[w->qh].g == g && w->q[w->qh].state == R_INUSE) {
+        w->qh = (w->qh + 1) % RING_Q;
+        w->qn--;
+        pthread_cond_broadcast(&w->ring_cv);
+    }
+    pthread_mutex_unlock(&w->ring_mu);
+}
+
+int k3_wss_st_rows_acquire(k3_ws *ws, uint32_t g, k3_wslot s, uint64_t row, uint64_t *n, const void **data,
+                           k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    const grp *G = g < w->ng ? &w->grp[g] : NULL;
+    int32_t j = -1;
+    for (uint32_t k = 0; G && k < G->nlz; k++)
+        if (G->lz[k].slot == (uint32_t)s)
+            j = (int32_t)k;
+    if (j < 0 || row >= G->lz[j].rows)
+        return k3_err_set(e, K3_EINTERNAL, "no streamed rows %llu of %s in group %u", (unsigned long long)row,
+                          k3_wslot_name(s), g);
+    const lazyt *L = &G->lz[j];
+    const uint32_t c = (uint32_t)(row / L->chunk_rows);
+    double t0 = now_s();
+    pthread_mutex_lock(&w->ring_mu);
+    if (w->perr_rc) {
+        int rc = w->perr_rc;
+        if (e)
+            *e = w->perr;
+        pthread_mutex_unlock(&w->ring_mu);
+        return rc;
+    }
+    rent *r;
+    for (;;) {
+        if (w->pqn) {
+            r = &w->pq[w->pqh];
+            if (r->state == R_READING) {
+                pthread_cond_wait(&w->ring_cv, &w->ring_mu);
+                continue;
+            }
+            if (r->g == g && r->j == j && r->c == c)
+                break;
+            w->pqh = (w->pqh + 1) % RING_Q;   /* a piece the model did not ask for */
+            w->pqn--;
+            w->st.ring_drops++;
+            pthread_cond_broadcast(&w->ring_cv);
+            continue;
+        }
+        uint32_t want = w->pos[g] + L->pos0 + c;
+        if (w->next != want) {
+            w->next = want;
+            pthread_cond_broadcast(&w->ring_cv);
+        }
+        pthread_cond_wait(&w->ring_cv, &w->ring_mu);
+    }
+    w->st.trunk_wait_s += now_s() - t0;
+    if (r->state == R_ERROR) {
+        w->perr_rc = r->rc;
+        w->perr = r->err;
+        w->perr.code = r->rc;
+        if (e)
+            *e = r->err;
+        pthread_mutex_unlock(&w->ring_mu);
+        return w->perr_rc;
+    }
+    r->state = R_INUSE;
+    const uint64_t first = (uint64_t)c * L->chunk_rows;
+    uint64_t last = first + L->chunk_rows < L->rows ? first + L->chunk_rows : L->rows;
+    *data = w->pring + r->off + r->skip + (row - first) * L->rowbytes;
+    *n = last - row;
+    pthread_mutex_unlock(&w->ring_mu);
+    return 0;
+}
+
+void k3_wss_st_rows_release(k3_ws *ws, uint32_t g, k3_wslot s)
+{
+    ws_stream *w = (ws_stream *)ws;
+    (void)s;
+    pthread_mutex_lock(&w->ring_mu);
+    if (w->pqn && w->pq[w->pqh].g == g && w->pq[w->pqh].state == R_INUSE) {
+        w->pqh = (w->pqh + 1) % RING_Q;
+        w->pqn--;
+        pthread_cond_broadcast(&w->ring_cv);
+    }
+    pthread_mutex_unlock(&w->ring_mu);
+}
+
+int k3_wss_st_status(k3_ws *ws, k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (!w->sync_on)
+        return 0;
+    pthread_mutex_lock(&w->ring_mu);
+    int rc = w->perr_rc;
+    if (rc && e)
+        *e = w->perr;
+    pthread_mutex_unlock(&w->ring_mu);
+    return rc;
+}
+
+int k3_wss_st_describe(k3_ws *ws, uint32_t g, k3_wslot s, k3_view *out, k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (g >= w->ng || !w->tmpl[(uint64_t)g * K3_W_COUNT + s].ndim)
+        return k3_err_set(e, K3_ENOENT, "%s: packed model has no tensor %s in group %u", ws->dir, k3_wslot_name(s), g);
+    *out = w->tmpl[(uint64_t)g * K3_W_COUNT + s];
+    out->data = NULL;
+    return 0;
+}
+
+int k3_wss_st_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    const uint64_t E = ws->cfg.hidden_size;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t cost = 0;
+        int rc = k3_pk_embed_row(w->pk, w->embed, ids[i], w->rowbuf, w->bounce, w->bounce_cap, out + (uint64_t)i * E,
+                                 &cost, ws->dir, e);
+        if (rc == K3_EARG)
+            return rc;
+        if (rc < 0) {
+            char what[48];
+            snprintf(what, sizeof what, "embedding row %u", ids[i]);
+            return err_wrap(e, rc, what);
+        }
+        w->st.embed_bytes += cost;
+    }
+    return 0;
+}

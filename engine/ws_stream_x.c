@@ -1,0 +1,297 @@
+/*
+ * ws_stream_x.c - the streaming source's routed experts: the slot arena, its
+ * LRU table, prefetch and the pool of I/O threads (invariants: ws_stream.c).
+ */
+#include "ws_stream_int.h"
+
+/* ------------------------------------------------------------ experts */
+
+void *k3_wss_io_main(void *arg)
+{
+    ws_stream *w = arg;
+    pthread_mutex_lock(&w->x_mu);
+    while (!w->io_stop) {
+        if (w->jn == 0 && w->tc_next < w->tc_n) {   /* expert records first: the model waits for them */
+            tchunk *c = &w->tc[w->tc_next++];
+            int want_crc = c->rc;
+            pthread_mutex_unlock(&w->x_mu);
+            c->rc = k3_pk_read(w->pk, c->file, c->dst, c->n, c->off, NULL, 0, &c->err);
+            if (c->rc == 0 && want_crc) {
+                uint64_t a = c->cb > c->ca ? c->ca : c->off, b = c->cb > c->ca ? c->cb : c->off + c->n;
+                c->crc = k3_crc32(0, c->dst + (a - c->off), (size_t)(b - a));
+            }
+            pthread_mutex_lock(&w->x_mu);
+            if (++w->tc_done == w->tc_n)
+                pthread_cond_broadcast(&w->tc_cv);
+            continue;
+        }
+        if (w->jn == 0) {
+            pthread_cond_wait(&w->io_cv, &w->x_mu);
+            continue;
+        }
+        uint32_t s = w->jobs[w->jh];
+        w->jh = (w->jh + 1) % w->nslots;
+        w->jn--;
+        xslot *x = &w->xs[s];
+        uint32_t layer = x->layer, expert = x->expert;
+        pthread_mutex_unlock(&w->x_mu);
+        k3_err err = {0};
+        int rc = k3_pk_read_record(w->pk, layer, expert, w->xarena + (uint64_t)s * w->lay->stride, 1, &err);
+        if (rc < 0 && rc != K3_ECORRUPT) {   /* the CRC message already names them */
+            char what[48];
+            snprintf(what, sizeof what, "layer %u expert %u", layer, expert);
+            err_wrap(&err, rc, what);
+        }
+        pthread_mutex_lock(&w->x_mu);
+        if (rc < 0) {
+            x->state = X_ERROR;
+            x->rc = rc;
+            x->err = err;
+        } else {
+            x->state = X_READY;
+            w->st.expert_bytes += w->lay->stride;
+        }
+        pthread_cond_broadcast(&w->x_cv);
+    }
+    pthread_mutex_unlock(&w->x_mu);
+    return NULL;
+}
+
+/* How many MoE layers after `layer` the model next serves layer l (0: the
+ * next one; n_moe - 1: l == layer, a whole token away). */
+static uint32_t cyc_dist(const ws_stream *w, uint32_t l, uint32_t layer)
+{
+    const uint32_t f = w->base.cfg.first_k_dense_replace, n = w->base.cfg.num_hidden_layers - f;
+    return ((l - f) + n - (layer - f) - 1) % n;
+}
+
+/* Replacement: when the cache holds less than one token's experts (MoE
+ * layers x top-k), LRU would evict exactly what comes back first (the layers
+ * come round in a fixed cycle): then the record whose layer comes back last
+ * goes first, LRU among equals. Otherwise LRU. Both measured on traces with
+ * bench-bench_stream --replay (runtime/STREAM.md). */
+static int find_victim(ws_stream *w, uint32_t layer)
+{
+    int best = -1;
+    uint32_t bd = 0;
+    for (uint32_t s = 0; s < w->nslots; s++) {
+        const xslot *x = &w->xs[s];
+        if (x->ref > 0 || x->state == X_LOADING)
+            continue;
+        if (x->state == X_EMPTY)
+            return (int)s;
+        uint32_t d = w->cyclic ? cyc_dist(w, x->layer, layer) : 0;
+        if (best < 0 || d > bd || (d == bd && x->tick < w->xs[best].tick)) {
+            best = (int)s;
+            bd = d;
+        }
+    }
+    return best;
+}
+
+/* Queue the collected misses sorted by (file, offset). */
+static void flush_misses(ws_stream *w)
+{
+    for (uint32_t i = 1; i < w->nmiss; i++)
+        for (uint32_t j = i; j > 0; j--) {
+            const xslot *a = &w->xs[w->miss[j - 1]], *b = &w->xs[w->miss[j]];
+            const k3_pk_record *ra = k3_pk_record_find(w->pk, a->layer, a->expert);
+            const k3_pk_record *rb = k3_pk_record_find(w->pk, b->layer, b->expert);
+            if (ra->file < rb->file || (ra->file == rb->file && ra->offset <= rb->offset))
+                break;
+            uint32_t t = w->miss[j];
+            w->miss[j] = w->miss[j - 1];
+            w->miss[j - 1] = t;
+        }
+    for (uint32_t i = 0; i < w->nmiss; i++) {
+        w->jobs[(w->jh + w->jn) % w->nslots] = w->miss[i];
+        w->jn++;
+    }
+    if (w->nmiss)
+        pthread_cond_broadcast(&w->io_cv);
+    w->nmiss = 0;
+}
+
+/* Take a reference on (layer, expert), starting its read on a miss. Returns
+ * the slot, or -1 if no slot can be freed right now. */
+static int take(ws_stream *w, uint32_t layer, uint32_t expert, int count)
+{
+    uint64_t key = (uint64_t)layer * w->base.cfg.num_experts + expert;
+    int s = (int)w->xmap[key] - 1;
+    if (s >= 0) {
+        w->xs[s].ref++;
+        w->xs[s].tick = ++w->tick;
+        if (count) {
+            w->st.expert_requests++;
+            w->st.expert_hits++;
+        }
+        if (w->trace && count)
+            fprintf(w->trace, "%llu %u %u H\n", (unsigned long long)w->st.forwards, layer, expert);
+        return s;
+    }
+    s = find_victim(w, layer);
+    if (s < 0)
+        return -1;
+    xslot *x = &w->xs[s];
+    if (x->state != X_EMPTY)
+        w->xmap[(uint64_t)x->layer * w->base.cfg.num_experts + x->expert] = 0;
+    x->layer = layer;
+    x->expert = expert;
+    x->state = X_LOADING;
+    x->ref = 1;
+    x->tick = ++w->tick;
+    w->xmap[key] = (uint32_t)s + 1;
+    w->miss[w->nmiss++] = (uint32_t)s;
+    if (count)
+        w->st.expert_requests++;
+    if (w->trace && count)
+        fprintf(w->trace, "%llu %u %u M\n", (unsigned long long)w->st.forwards, layer, expert);
+    return s;
+}
+
+void k3_wss_st_experts_prefetch(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (!w->started || !w->lay || layer >= ws->cfg.num_hidden_layers)
+        return;
+    pthread_mutex_lock(&w->x_mu);
+    if (!w->xfailed) {
+        for (uint32_t i = 0; i < w->npf; i++)
+            w->xs[w->pf[i]].ref--;
+        w->npf = 0;
+        /* hits first, so that a miss never evicts a record this batch wants */
+        const uint32_t m = n < w->nslots ? n : w->nslots;
+        for (int pass = 0; pass < 2; pass++)
+            for (uint32_t i = 0; i < m; i++) {
+                if (ids[i] >= ws->cfg.num_experts)
+                    continue;
+                int present = w->xmap[(uint64_t)layer * ws->cfg.num_experts + ids[i]] != 0;
+                if (present != (pass == 0))
+                    continue;
+                int s = take(w, layer, ids[i], 1);
+                if (s < 0)
+                    break;
+                w->pf[w->npf++] = (uint32_t)s;
+            }
+        flush_misses(w);
+    }
+    pthread_mutex_unlock(&w->x_mu);
+}
+
+/* The planned slot count once planned (plan before k3_model_open to let the
+ * model ask for whole cache-fulls), top-k before (the floor's slot count). */
+uint32_t k3_wss_st_batch_max(k3_ws *ws)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (w->nslots)
+        return w->nslots;
+    if (w->planned && w->plan.expert_slots)
+        return w->plan.expert_slots;
+    return ws->cfg.num_experts_per_token ? ws->cfg.num_experts_per_token : 1;
+}
+
+int k3_wss_st_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n, k3_expert_view *out,
+                              k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (!w->started || !w->lay)
+        return k3_err_set(e, K3_EINTERNAL, "%s: no expert cache (not started or no MoE layer)", ws->dir);
+    if (n > w->nslots || layer >= ws->cfg.num_hidden_layers)
+        return k3_err_set(e, K3_EINTERNAL, "expert batch of %u for layer %u (cache of %u slots)", n, layer,
+                          w->nslots);
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] >= ws->cfg.num_experts)
+            return k3_err_set(e, K3_EINTERNAL, "expert %u of layer %u out of range", ids[i], layer);
+    double t0 = now_s();
+    pthread_mutex_lock(&w->x_mu);
+    if (w->xfailed)
+        goto failed;
+    /* refs taken by prefetch for this batch are claimed; the others stay for
+     * the layer's later batches (dropped when a slot is needed) */
+    w->nheld = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int got = -1;
+        for (uint32_t k = 0; k < w->npf; k++) {
+            const xslot *x = &w->xs[w->pf[k]];
+            if (x->layer == layer && x->expert == ids[i]) {
+                got = (int)w->pf[k];
+                w->pf[k] = w->pf[--w->npf];
+                break;
+            }
+        }
+        w->held[i] = got < 0 ? UINT32_MAX : (uint32_t)got;
+    }
+    for (uint32_t i = 0; i < n; i++)   /* hits first (see experts_prefetch) */
+        if (w->held[i] == UINT32_MAX && w->xmap[(uint64_t)layer * ws->cfg.num_experts + ids[i]])
+            w->held[i] = (uint32_t)take(w, layer, ids[i], 1);
+    for (uint32_t i = 0; i < n;) {
+        if (w->held[i] != UINT32_MAX) {
+            i++;
+            continue;
+        }
+        int s = take(w, layer, ids[i], 1);
+        if (s < 0 && w->npf) {   /* give back the prefetched records not claimed yet */
+            for (uint32_t k = 0; k < w->npf; k++)
+                w->xs[w->pf[k]].ref--;
+            w->npf = 0;
+            continue;
+        }
+        if (s < 0) {   /* every free slot is still loading: let them land */
+            flush_misses(w);
+            pthread_cond_wait(&w->x_cv, &w->x_mu);
+            continue;
+        }
+        w->held[i] = (uint32_t)s;
+        i++;
+    }
+    w->nheld = n;
+    flush_misses(w);
+    for (uint32_t i = 0; i < n;) {
+        xslot *x = &w->xs[w->held[i]];
+        if (x->state == X_LOADING) {
+            pthread_cond_wait(&w->x_cv, &w->x_mu);
+            continue;
+        }
+        if (x->state == X_ERROR) {
+            w->xfailed = 1;
+            w->xerr = x->err;
+            w->xerr.code = x->rc;
+            goto failed;
+        }
+        i++;
+    }
+    pthread_mutex_unlock(&w->x_mu);
+    w->st.expert_wait_s += now_s() - t0;
+    const k3_pk_expert_layout *l = w->lay;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *r = w->xarena + (uint64_t)w->held[i] * l->stride;
+        out[i].packed[0] = r + l->w1_packed;
+        out[i].scales[0] = r + l->w1_scales;
+        out[i].packed[1] = r + l->w3_packed;
+        out[i].scales[1] = r + l->w3_scales;
+        out[i].packed[2] = r + l->w2_packed;
+        out[i].scales[2] = r + l->w2_scales;
+    }
+    return 0;
+failed:;
+    int rc = w->xerr.code ? w->xerr.code : K3_EIO;
+    if (e)
+        *e = w->xerr;
+    pthread_mutex_unlock(&w->x_mu);
+    return rc;
+}
+
+void k3_wss_st_experts_release(k3_ws *ws, uint32_t layer)
+{
+    ws_stream *w = (ws_stream *)ws;
+    (void)layer;
+    if (!w->started || !w->lay)
+        return;
+    pthread_mutex_lock(&w->x_mu);
+    for (uint32_t i = 0; i < w->nheld; i++)
+        if (w->held[i] != UINT32_MAX)
+            w->xs[w->held[i]].ref--;
+    w->nheld = 0;
+    pthread_cond_broadcast(&w->x_cv);
+    pthread_mutex_unlock(&w->x_mu);
+}
