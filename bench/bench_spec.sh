@@ -18,8 +18,12 @@
 #
 #   sh bench/bench_spec.sh [WORKDIR]      (default /tmp/spec-bench)
 #
+# Also, first, what one pass of T ids costs at the floor (a prompt of T ids
+# with --gen 1) for T in PASS_T (default "1 2 4 8"): the price of checking
+# T - 1 guesses, whatever the weights say.
 # Environment: BIN (default bin), RUNS (3), GEN_WIDTH (12), GEN_KJV (64),
-# SPEC (ngram), MODELS ("width kjv"). A packed width model already in
+# SPEC (ngram), MODELS ("width kjv"), PASS_T, PASS_ONLY=1 (only the pass costs),
+# OPTS (more k3-run options for both modes, e.g. "--temperature 0.8 --seed 1"). A packed width model already in
 # WORKDIR/pk is used as it is; KEEP=1 keeps WORKDIR.
 set -eu
 BIN=${BIN:-bin}
@@ -52,6 +56,21 @@ for m in $MODELS; do
     *) echo "bench_spec: unknown model $m" >&2; exit 2 ;;
     esac
     du -sh --apparent-size "$dir" | sed "s/^/bench_spec: $m packed /"
+    # what one pass of T ids costs at the floor (a prompt of T ids, --gen 1):
+    # the price of checking T - 1 guesses
+    for t in ${PASS_T:-1 2 4 8}; do
+        for r in $(seq 1 "$RUNS"); do
+            flock -x $LOCK "$BIN/k3-run" "$dir" --ids "$(seq -s, 201 $((200 + t)))" --gen 1 --ram floor --threads 2 \
+                --quiet --json >"$W/$m-pass$t-$r.json" 2>/dev/null || { echo "bench_spec: pass of $t failed"; exit 1; }
+        done
+        /usr/bin/python3 - "$W" "$m" "$t" "$RUNS" <<'EOF'
+import json, statistics, sys
+w, m, t, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+s = [json.load(open("%s/%s-pass%s-%d.json" % (w, m, t, r)))["timings"]["prompt_s"] for r in range(1, runs + 1)]
+print("[%s pass] %s ids in one pass at the floor: %.3f s (min %.3f max %.3f)" % (m, t, statistics.median(s), min(s), max(s)))
+EOF
+    done
+    [ "${PASS_ONLY:-0}" = 1 ] && continue
     for p in rep non; do
         if [ $m = width ]; then
             if [ $p = rep ]; then set -- --ids "$REP_IDS"; else set -- --ids "$NON_IDS"; fi
@@ -64,7 +83,7 @@ for m in $MODELS; do
                 echo "[$m $p $mode $r] before:$(uptime | sed 's/.*load/ load/')"
                 # shellcheck disable=SC2086
                 flock -x $LOCK "$BIN/k3-run" "$dir" "$@" --gen "$gen" --ram floor --threads 2 \
-                    --quiet --json $sp >"$out" 2>"$out.err" || { tail -3 "$out.err"; exit 1; }
+                    --quiet --json ${OPTS:-} $sp >"$out" 2>"$out.err" || { tail -3 "$out.err"; exit 1; }
                 grep 'k3-run: spec:' "$out.err" | sed "s/^/[$m $p $mode $r] /" || true
             done
         done
