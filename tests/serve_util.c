@@ -1,5 +1,5 @@
 /*
- * serve_util.c - helpers of the k3-serve tests (serve_util.h).
+ * serve_util.c - what the k3-serve tests share (serve_util.h).
  */
 #include <errno.h>
 #include <fcntl.h>

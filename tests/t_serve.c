@@ -334,3 +334,49 @@ K3_TEST_TIMEOUT(serve_16_concurrent_clients_each_get_their_solo_answer_within_ra
                  (unsigned long long)ram);
     CHECK_EQ_INT(k3t_serve_stop(&s, SIGTERM), 0);
 }
+
+/* SIGTERM with a request in flight: new requests get 503, the running one
+ * ends normally ([DONE], finish_reason length), then exit 0. A second signal
+ * cancels what is left, still exit 0. */
+K3_TEST_TIMEOUT(serve_sigterm_drains_the_request_in_flight_and_exits_0, 180)
+{
+    const char *m = tiny("m", 0), *tmp = k3t_tmpdir();
+    for (int second = 0; second < 2; second++) {
+        k3t_server s;
+        k3t_serve_start(&s, m, "--parallel 2 --ctx 4096");
+        char cmd[8192];
+        snprintf(cmd, sizeof cmd,
+                 "curl -sS -N --max-time 120 --data-binary '{\"prompt\":\"go\",\"max_tokens\":3000,\"stream\":true}' "
+                 "http://127.0.0.1:%d/v1/completions > %s/drain%d.out 2>&1 &",
+                 s.port, tmp, second);
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "%s", cmd), 0);
+        int i;
+        for (i = 0; i < 400 && k3t_metric(&s, "k3_active_sequences") < 1; i++)
+            usleep(25 * 1000);
+        CHECK(i < 400);
+        CHECK_EQ_INT(kill(s.pid, SIGTERM), 0);
+        usleep(100 * 1000);
+        char *resp = NULL;
+        int st = k3t_http(&s, "/v1/completions", "{\"prompt\":\"late\",\"max_tokens\":2}", NULL, &resp);
+        CHECK(st == 503 || st < 0);   /* refused, or the server has already gone */
+        free(resp);
+        if (second)
+            CHECK_EQ_INT(kill(s.pid, SIGINT), 0);
+        CHECK_EQ_INT(k3t_serve_stop(&s, 0), 0);
+        char *out = NULL;
+        CHECK_EQ_INT(k3t_runf(&out, NULL, "sleep 0.5; cat %s/drain%d.out", tmp, second), 0);
+        int done, n;
+        char *fin = NULL;
+        char *t = k3t_sse_text(out, NULL, &fin, &done, &n);
+        CHECK(done);
+        /* drained: it ended as it would have (length, or the model's end
+         * id); cancelled: an error event, unless it ended before the signal */
+        if (!second || !strstr(out, "shutting down")) {
+            CHECK(fin && (!strcmp(fin, "length") || !strcmp(fin, "stop")));
+            CHECK(!strstr(out, "\"error\""));
+        }
+        free(t);
+        free(fin);
+        free(out);
+    }
+}
