@@ -249,6 +249,9 @@ static enum MHD_Result start_request(conn *k, struct MHD_Connection *c)
     pthread_cond_init(&r->cv, NULL);
     r->refs = 1;
     k->r = r;
+    pthread_mutex_lock(&S->mu);
+    S->n_answering++;
+    pthread_mutex_unlock(&S->mu);
     int st = srv_parse_request(S, k->route == R_CHAT, k->body ? k->body : "", k->len, r, msg, sizeof msg, &param);
     if (st) {
         count(S, &S->m.bad_requests);
@@ -378,6 +381,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         pthread_mutex_lock(&S->mu);
         cancel(S, k->r);   /* nothing if it is done */
         srv_req_unref(S, k->r);
+        S->n_answering--;
         pthread_mutex_unlock(&S->mu);
     }
     free(k->out);

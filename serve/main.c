@@ -242,6 +242,17 @@ int main(int argc, char **argv)
         }
     }
     srv_engine_stop(S, cancel);
+    /* every request is done: let the connections write their last events
+     * (at most 5 s: a client that does not read is not waited for) */
+    for (int i = 0; i < 100; i++) {
+        pthread_mutex_lock(&S->mu);
+        uint32_t n = S->n_answering;
+        pthread_mutex_unlock(&S->mu);
+        if (!n)
+            break;
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     srv_http_stop(h);
     k3_err fe = {0};
     rc = k3_engine_stream_finish(S->en, &fe);

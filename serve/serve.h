@@ -126,6 +126,7 @@ typedef struct srv {
     char fatal_msg[K3_ERR_MSG_MAX + 64];
     srv_req *qhead, *qtail;
     uint32_t n_queued, n_active;
+    uint32_t n_answering;      /* requests whose connection has not ended yet */
     srv_req **active;          /* parallel slots */
     k3_seq **seqs;             /* one per slot, made at load */
     float *logits;             /* parallel x V */
