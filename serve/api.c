@@ -4,6 +4,7 @@
  * (a wrong type or a value out of range is 400 naming the field) and ignores
  * fields it does not know, as OpenAI's clients send some.
  */
+#include <errno.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -295,6 +296,32 @@ int srv_parse_request(srv *S, int chat, const char *body, uint64_t len, srv_req 
                 goto out;
             }
     }
+    if (is_set(v = cJSON_GetObjectItemCaseSensitive(root, "logit_bias"))) {
+        /* {"ID": BIAS, ...}: BIAS from -100 to 100 added to the logit of
+         * token ID before sampling (-100 in effect bans it) */
+        if (!cJSON_IsObject(v) || cJSON_GetArraySize(v) > SRV_MAX_BIAS)
+            FAIL("logit_bias", "'logit_bias' must be an object of at most %d token ids", SRV_MAX_BIAS);
+        uint32_t n = (uint32_t)cJSON_GetArraySize(v);
+        r->bias_id = malloc((n ? n : 1) * sizeof *r->bias_id);
+        r->bias = malloc((n ? n : 1) * sizeof *r->bias);
+        if (!r->bias_id || !r->bias) {
+            snprintf(msg, cap, "out of memory");
+            rc = 500;
+            goto out;
+        }
+        const cJSON *x;
+        cJSON_ArrayForEach(x, v) {
+            char *end;
+            errno = 0;
+            unsigned long id = strtoul(x->string, &end, 10);
+            if (!x->string[0] || *end || x->string[0] < '0' || x->string[0] > '9' || errno || id >= S->V)
+                FAIL("logit_bias", "a 'logit_bias' key must be a token id below %u, as a decimal string", S->V);
+            if (!cJSON_IsNumber(x) || !(x->valuedouble >= -100 && x->valuedouble <= 100))
+                FAIL("logit_bias", "a 'logit_bias' value must be a number from -100 to 100");
+            r->bias_id[r->n_bias] = (uint32_t)id;
+            r->bias[r->n_bias++] = (float)x->valuedouble;
+        }
+    }
     if (chat) {
         if (is_set(v = cJSON_GetObjectItemCaseSensitive(root, "thinking"))) {
             if (!cJSON_IsBool(v))
@@ -341,6 +368,8 @@ void srv_req_free_fields(srv_req *r)
     free(r->prompt);
     for (uint32_t i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
+    free(r->bias_id);
+    free(r->bias);
     free(r->text[0]);
     free(r->text[1]);
     free(r->pieces);

@@ -387,8 +387,12 @@ static void *engine_main(void *arg)
         /* sampling outside the lock: the samplers are the engine thread's */
         if (rc == 0)
             for (uint32_t i = 0; i < n; i++)
-                if (S->step[i].logits)
-                    sampled[i] = k3_sampler_next(S->active[S->slot_of[i]]->smp, S->step[i].out);
+                if (S->step[i].logits) {
+                    const srv_req *q = S->active[S->slot_of[i]];
+                    for (uint32_t b = 0; b < q->n_bias; b++)
+                        S->step[i].out[q->bias_id[b]] += q->bias[b];
+                    sampled[i] = k3_sampler_next(q->smp, S->step[i].out);
+                }
         k3_engine_stream_stats(S->en, &st1);
         pthread_mutex_lock(&S->mu);
         S->m.steps++;

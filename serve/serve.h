@@ -27,6 +27,7 @@
 #include "k3_gen.h"
 
 #define SRV_MAX_STOP 4          /* stop strings per request (as OpenAI) */
+#define SRV_MAX_BIAS 1024       /* logit_bias entries per request */
 #define SRV_STOP_MAX_BYTES 256  /* bytes per stop string */
 
 enum { SRV_QUEUED = 0, SRV_ACTIVE = 1, SRV_DONE = 2 };
@@ -51,6 +52,9 @@ typedef struct srv_req {
     uint64_t seed;
     char *stop[SRV_MAX_STOP];
     uint32_t n_stop;
+    uint32_t *bias_id;         /* logit_bias: added to these ids' logits before sampling (heap) */
+    float *bias;
+    uint32_t n_bias;
     k3_chat_opts fmt;          /* chat: thinking, effort */
     char id[40];
     int64_t created;

@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "k3_engine.h"
 #include "k3_test.h"
 #include "serve_util.h"
 
@@ -63,6 +64,26 @@ static void wait_metric(const k3t_server *s, const char *name, double want)
     k3t_fail(__FILE__, __LINE__, "%s stayed %g, want %g", name, v, want);
 }
 
+/* "\"logit_bias\":{...}" banning the ids that end a completion (the
+ * tokenizer's end-of-sequence ids), so that a request runs to max_tokens
+ * whatever the random model would have sampled */
+static void no_eos_bias(const char *model, char *out, size_t cap)
+{
+    k3_tok *tok = NULL;
+    k3_err e = {0};
+    CHECK_EQ_INT(k3_engine_tok_open(&tok, model, &e), 0);
+    const uint32_t *ids;
+    uint32_t n;
+    k3_tok_eos_ids(tok, &ids, &n);
+    CHECK(n >= 1);
+    size_t o = (size_t)snprintf(out, cap, "\"logit_bias\":{");
+    for (uint32_t i = 0; i < n && o < cap; i++)
+        o += (size_t)snprintf(out + o, cap - o, "%s\"%u\":-100", i ? "," : "", ids[i]);
+    if (o < cap)
+        snprintf(out + o, cap - o, "}");
+    k3_tok_close(tok);
+}
+
 K3_TEST_TIMEOUT(serve_hostile_clients_get_their_status_and_later_requests_are_served, 240)
 {
     const char *m = tiny(), *tmp = k3t_tmpdir();
@@ -105,6 +126,12 @@ K3_TEST_TIMEOUT(serve_hostile_clients_get_their_status_and_later_requests_are_se
     expect(&s, C, "{\"prompt\":\"x\",\"temperature\":-1}", K, 400, "temperature");
     expect(&s, C, "{\"prompt\":\"x\",\"top_p\":0}", K, 400, "top_p");
     expect(&s, C, "{\"prompt\":\"x\",\"top_k\":-3}", K, 400, "top_k");
+    expect(&s, C, "{\"prompt\":\"x\",\"logit_bias\":[1]}", K, 400, "logit_bias");
+    expect(&s, C, "{\"prompt\":\"x\",\"logit_bias\":{\"abc\":1}}", K, 400, "logit_bias");
+    expect(&s, C, "{\"prompt\":\"x\",\"logit_bias\":{\"-1\":1}}", K, 400, "logit_bias");
+    expect(&s, C, "{\"prompt\":\"x\",\"logit_bias\":{\"99999999\":1}}", K, 400, "logit_bias");
+    expect(&s, C, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":101}}", K, 400, "logit_bias");
+    expect(&s, C, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":\"1\"}}", K, 400, "logit_bias");
     expect(&s, C, "{\"prompt\":\"x\",\"seed\":0.5}", K, 400, "seed");
     expect(&s, C, "{\"prompt\":\"x\",\"n\":2}", K, 400, "n");
     expect(&s, C, "{\"prompt\":\"x\",\"stream\":\"yes\"}", K, 400, "stream");
@@ -151,7 +178,9 @@ K3_TEST_TIMEOUT(serve_hostile_clients_get_their_status_and_later_requests_are_se
     a.sin_port = htons((uint16_t)s.port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     CHECK_EQ_INT(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    const char *b = "{\"prompt\":\"slow\",\"max_tokens\":4000,\"stream\":true}";
+    char bias[512], b[768];
+    no_eos_bias(m, bias, sizeof bias);
+    snprintf(b, sizeof b, "{\"prompt\":\"slow\",\"max_tokens\":4000,\"stream\":true,%s}", bias);
     char req[1024];
     int n = snprintf(req, sizeof req,
                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
@@ -169,9 +198,9 @@ K3_TEST_TIMEOUT(serve_hostile_clients_get_their_status_and_later_requests_are_se
     cancelled = k3t_metric(&s, "k3_requests_cancelled_total");
     CHECK_EQ_INT(k3t_runf(NULL, NULL,
                           "curl -sS -N -H 'Authorization: Bearer k' --data-binary "
-                          "'{\"prompt\":\"go on\",\"max_tokens\":500,\"stream\":true}' "
+                          "'{\"prompt\":\"go on\",\"max_tokens\":4000,\"stream\":true,%s}' "
                           "http://127.0.0.1:%d/v1/completions | head -c 600 > /dev/null; true",
-                          s.port), 0);
+                          bias, s.port), 0);
     wait_metric(&s, "k3_active_sequences", 0);
     CHECK(k3t_metric(&s, "k3_requests_cancelled_total") >= cancelled + 1);
     still_serves(&s);
