@@ -196,8 +196,18 @@ int main(int argc, char **argv)
         const k3_stream_plan *plan = NULL;
         if (rc == 0)
             rc = k3_engine_plan(S->en, &sz, &plan, &e);
-        if (rc == 0 && plan && !c->quiet)
+        if (rc == 0 && plan && !c->quiet) {
             k3_stream_plan_print(plan, stderr, "k3-serve: ");
+            /* what each --parallel slot costs, and how many the budget holds */
+            k3_engine_mem mem;
+            k3_err me = {0};
+            if (k3_engine_mem_get(S->en, &mem, &me) == 0)
+                fprintf(stderr,
+                        "k3-serve: per sequence of %u tokens %.3f MiB (state %.3f, latents %.3f, scores %.3f); "
+                        "the budget admits at most %u, %u planned (--parallel); more requests wait in the queue\n",
+                        mem.max_ctx, mem.seq_bytes / 1048576.0, mem.seq_state / 1048576.0, mem.seq_kv / 1048576.0,
+                        mem.seq_scores / 1048576.0, mem.max_seqs, mem.planned_seqs);
+        }
     }
     uint32_t port = 0;
     if (rc == 0)

@@ -253,6 +253,12 @@ K3_TEST_TIMEOUT(serve_16_concurrent_clients_each_get_their_solo_answer_within_ra
     CHECK(bl != NULL);
     const uint64_t ram = strtoull(bl + strlen("memory plan for a budget of "), NULL, 10);
     CHECK(ram > 0);
+    /* and what each sequence costs, with the most the budget admits */
+    const char *ps = strstr(log, "per sequence of 1024 tokens ");
+    CHECK(ps != NULL);
+    char want[64];
+    snprintf(want, sizeof want, "the budget admits at most %d, %d planned", NCONC, NCONC);
+    CHECK_STR_CONTAINS(log, want);
     free(log);
     char *body[NCONC], *solo[NCONC];
     const char *path[NCONC];
