@@ -16,8 +16,8 @@
 # (tokens per request, default 16), PROMPT (default a short sentence), BW
 # (read bandwidth in bytes/s; without it the I/O bound is not printed).
 #
-# Until the batched engine step lands, k3_engine_step runs the sequences of a
-# step one after the other: aggregate throughput then stays near B = 1.
+# The server's step is the engine's batched step: the trunk is read once per
+# step for all B sequences, and each expert once for the union they route to.
 set -eu
 MODEL=${1:?usage: sh bench/bench_serve.sh MODEL_DIR [WORKDIR]}
 WORK=${2:-/tmp/serve-bench}
