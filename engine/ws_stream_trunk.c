@@ -7,6 +7,20 @@
 
 /* -------------------------------------------------------------- trunk */
 
+/* Hand the n chunks posted in w->tc to the I/O threads and wait until every
+ * one is done. Called with x_mu held; returns with it released. */
+static void run_chunks(ws_stream *w, uint32_t n)
+{
+    w->tc_n = n;
+    w->tc_next = 0;
+    w->tc_done = 0;
+    pthread_cond_broadcast(&w->io_cv);
+    while (w->tc_done < w->tc_n)
+        pthread_cond_wait(&w->tc_cv, &w->x_mu);
+    w->tc_n = 0;
+    pthread_mutex_unlock(&w->x_mu);
+}
+
 /* Read a group's units as chunks spread over the I/O threads (parallel
  * O_DIRECT preads, each CRC'd where read), then fold the chunk CRCs of each
  * unit in order (crc32_combine) and compare with the unit's CRC. */
@@ -30,14 +44,7 @@ static int read_group_par(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_er
             k3_err_clear(&c->err);
         }
     }
-    w->tc_n = n;
-    w->tc_next = 0;
-    w->tc_done = 0;
-    pthread_cond_broadcast(&w->io_cv);
-    while (w->tc_done < w->tc_n)
-        pthread_cond_wait(&w->tc_cv, &w->x_mu);
-    w->tc_n = 0;
-    pthread_mutex_unlock(&w->x_mu);
+    run_chunks(w, n);
     int rc = 0;
     for (uint32_t k = 0; k < n && rc == 0; k++)
         if (w->tc[k].rc < 0) {
@@ -119,14 +126,7 @@ static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint
             k3_err_clear(&c->err);
             done += c->n;
         }
-        w->tc_n = k;
-        w->tc_next = 0;
-        w->tc_done = 0;
-        pthread_cond_broadcast(&w->io_cv);
-        while (w->tc_done < w->tc_n)
-            pthread_cond_wait(&w->tc_cv, &w->x_mu);
-        w->tc_n = 0;
-        pthread_mutex_unlock(&w->x_mu);
+        run_chunks(w, k);
         for (uint32_t i = 0; i < k; i++)
             if (w->tc[i].rc < 0) {
                 if (e) {
