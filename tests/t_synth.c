@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static char *path_in(const char *dir, const char *name)
@@ -301,19 +302,31 @@ K3_TEST_TIMEOUT(synth_interrupted_leaves_nothing_behind, 60)
         execl(cmd, "k3-synth", d, "--preset", "k3-width", "--layers", "1", "--vocab", "4096", "--quiet", (char *)NULL);
         _exit(127);
     }
-    /* wait until its temporary directory appears, then interrupt */
-    char *tmp = path_in(t, "big.tmp");
+    /* Catch it mid-write whatever the machine's speed: as soon as its temporary
+       directory appears, stop it, queue the interrupt, and let it run on. */
+    char *tmp = path_in(t, "big.k3-synth-tmp");
     struct stat st;
-    for (int i = 0; i < 2000 && stat(tmp, &st) != 0; i++)
-        usleep(1000);
-    usleep(200 * 1000);
+    time_t t0 = time(NULL);
+    while (stat(tmp, &st) != 0 && time(NULL) - t0 < 30)
+        ;
+    CHECK(stat(tmp, &st) == 0);
+    kill(pid, SIGSTOP);
     kill(pid, SIGINT);
+    kill(pid, SIGCONT);
     int status;
     CHECK(waitpid(pid, &status, 0) == pid);
     CHECK(WIFEXITED(status));
     CHECK_EQ_INT(WEXITSTATUS(status), 130);
-    CHECK(stat(tmp, &st) != 0);
-    CHECK(stat(d, &st) != 0);
+    /* nothing of it is left: no checkpoint, no temporary, no sibling */
+    DIR *dir = opendir(t);
+    CHECK(dir != NULL);
+    for (struct dirent *de; dir && (de = readdir(dir));) {
+        if (strncmp(de->d_name, "big", 3) == 0)
+            fprintf(stderr, "  left behind: %s\n", de->d_name);
+        CHECK(strncmp(de->d_name, "big", 3) != 0);
+    }
+    if (dir)
+        closedir(dir);
     free(tmp);
     free(cmd);
     free(d);
