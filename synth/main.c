@@ -58,6 +58,9 @@ static void usage(FILE *f)
             "  --shard-size SIZE    maximum shard file size, e.g. 512K, 5G (preset default)\n"
             "  --sparse             only routers, norms, biases and embeddings carry data;\n"
             "                       everything else is left as holes\n"
+            "  --sparse-live        --sparse, and the output head and MXFP4 scale bytes\n"
+            "                       carry data too: zero experts compute at real speed,\n"
+            "                       and the text depends on the last id alone\n"
             "  --no-index           do not write model.safetensors.index.json\n"
             "  --no-tokenizer       do not write tiktoken.model / tokenizer_config.json\n"
             "  --config-form flat|nested   config.json layout (tiny: flat, others: nested)\n"
@@ -181,7 +184,9 @@ int main(int argc, char **argv)
             NEED_VALUE();
             form = v;
         } else if (!strcmp(a, "--sparse")) {
-            sparse = 1;
+            sparse = K3_SYNTH_SPARSE;
+        } else if (!strcmp(a, "--sparse-live")) {
+            sparse = K3_SYNTH_SPARSE_LIVE;
         } else if (!strcmp(a, "--no-index")) {
             no_index = 1;
         } else if (!strcmp(a, "--no-tokenizer")) {

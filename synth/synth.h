@@ -60,7 +60,7 @@ typedef struct k3_synth_opts {
     int vision;                /* also write a small vision tower (outside language_model.) */
     int alog_padded;           /* A_log [D] instead of [H] */
     int nested;                /* nested config.json */
-    int sparse;                /* only routers, vectors and embeddings carry data */
+    int sparse;                /* K3_SYNTH_SPARSE_* */
     int write_index, write_tokenizer;
     uint64_t shard_size;       /* maximum shard file size */
     int force, quiet, direct;
@@ -100,8 +100,15 @@ typedef struct k3_synth_tensor {
 int k3_synth_tensors(const k3_synth_opts *o, k3_synth_tensor **t, uint64_t *count, k3_err *e);
 /* Full tensor name into buf; returns its length (or what it would be). */
 int k3_synth_tensor_name(const k3_synth_tensor *t, char *buf, size_t cap);
+/* --sparse: only routers, vectors and the embedding carry data. --sparse-live:
+ * the output head and the MXFP4 scale bytes too, so that the zero experts
+ * compute at the speed of real ones (an all-zero scale byte is a float
+ * denormal) and the text is a function of the last id. */
+enum { K3_SYNTH_DENSE, K3_SYNTH_SPARSE, K3_SYNTH_SPARSE_LIVE };
 /* Whether a kind carries data in a --sparse checkpoint. */
 int k3_synth_kind_has_data_when_sparse(int kind);
+/* Whether tensors of a kind carry data under o (every kind when dense). */
+int k3_synth_has_data(const k3_synth_opts *o, int kind);
 
 /* ---- generator ------------------------------------------------------------ */
 

@@ -226,7 +226,7 @@ static void gen_words(const k3_synth_tensor *t, const gen *g, uint64_t w0, uint6
 
 int k3_synth_fill(const k3_synth_opts *o, const k3_synth_tensor *t, uint64_t off, uint64_t n, void *buf)
 {
-    if (o->sparse && !k3_synth_kind_has_data_when_sparse(t->kind))
+    if (!k3_synth_has_data(o, t->kind))
         return K3_STW_ZERO;
     gen g = gen_for(t);
     unsigned char *dst = buf;

@@ -150,6 +150,14 @@ int k3_synth_kind_has_data_when_sparse(int kind)
     return r && (kind == K3_SCH_EMBED || kind == K3_W_MOE_ROUTER || r->cls == K3_SCH_VECTOR || r->cls == K3_SCH_ALOG);
 }
 
+int k3_synth_has_data(const k3_synth_opts *o, int kind)
+{
+    if (o->sparse == K3_SYNTH_DENSE || k3_synth_kind_has_data_when_sparse(kind))
+        return 1;
+    return o->sparse == K3_SYNTH_SPARSE_LIVE &&
+           (kind == K3_W_LM_HEAD || kind == SK_EXP_W1_S || kind == SK_EXP_W2_S || kind == SK_EXP_W3_S);
+}
+
 static int is_vector_kind(int kind)
 {
     return k3_synth_kind_has_data_when_sparse(kind) && kind != K3_SCH_EMBED && kind != K3_W_MOE_ROUTER;

@@ -168,7 +168,7 @@ static int fill_cb(void *ctx, uint64_t i, uint64_t off, uint64_t n, void *buf, k
 static int zero_cb(void *ctx, uint64_t i)
 {
     fill_ctx *c = ctx;
-    return c->o->sparse && !k3_synth_kind_has_data_when_sparse(c->t[i].kind);
+    return !k3_synth_has_data(c->o, c->t[i].kind);
 }
 
 /* Declare tensors [first, first+n) in a writer. */
