@@ -104,7 +104,7 @@ static const row rows[] = {
     CANNOT(9, 5, "a bug in k3: no input gives it"),
 
     /* k3-verify and k3-run write nothing to resume: SIGINT ends them (128 + 2) */
-    {130, 0, "timeout --preserve-status -s INT 1 k3-synth %1$s/o130 --preset k3-width --sparse --quiet", NULL},
+    {130, 0, "timeout --preserve-status -s INT 1 k3-synth %1$s/o130 --preset k3 --sparse --quiet", NULL},
     {130, 1, "K3_CONVERT_CRASH=interrupt:1 k3-convert --quiet %1$s/up %1$s/c130", NULL},
     {130, 2, "K3_PACK_CRASH=interrupt:0 k3-pack --quiet %1$s/pk %1$s/p130", NULL},
     {130, 3, "timeout --preserve-status -s INT 1 k3-verify --sums %1$s/fifo %1$s/pk", NULL},
