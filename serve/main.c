@@ -4,7 +4,7 @@
  *
  *   k3-serve MODEL_DIR [--ram SIZE] [--host 127.0.0.1] [--port 8080] ...
  *
- * Startup: open the model and make the memory plan for --parallel
+ * Startup: open the model and make the memory plan for --parallel (auto: as many as --ram holds)
  * sequences of --ctx tokens (refused budgets exit 6 before anything is
  * served), listen (GET /health says "loading"), load, serve. SIGINT or
  * SIGTERM: stop taking requests (503), let the ones in flight finish, exit 0;
@@ -41,7 +41,8 @@ static void usage(FILE *f)
             "  --timeout S            close a connection idle for S seconds (default 60)\n"
             "  --max-connections N    connections at once (default 1024)\n"
             "scheduling:\n"
-            "  --parallel N           sequences stepped together (default 4)\n"
+            "  --parallel N|auto      sequences stepped together (default auto: as many\n"
+            "                         of --ctx tokens as --ram holds, at most 64; 8 resident)\n"
             "  --queue N              requests waiting for a sequence (default 64; more: 503)\n"
             "  --ctx N                tokens per sequence, prompt and answer (default 4096)\n"
             "  --chunk N              prompt tokens per sequence per step (default 64)\n"
@@ -88,7 +89,7 @@ int main(int argc, char **argv)
     srv_cfg *c = &S->cfg;
     c->host = "127.0.0.1";
     c->port = 8080;
-    c->parallel = 4;
+    c->parallel = 0;   /* auto */
     c->queue = 64;
     c->ctx = 4096;
     c->chunk = 64;
@@ -127,8 +128,12 @@ int main(int argc, char **argv)
                 rc = parse_u32(a, v, 1, 86400, &c->timeout_s);
             else if (!strcmp(a, "--max-connections"))
                 rc = parse_u32(a, v, 1, 65536, &c->max_conn);
-            else if (!strcmp(a, "--parallel"))
-                rc = parse_u32(a, v, 1, 1024, &c->parallel);
+            else if (!strcmp(a, "--parallel")) {
+                if (strcmp(v, "auto"))
+                    rc = parse_u32(a, v, 1, 1024, &c->parallel);
+                else
+                    c->parallel = 0;
+            }
             else if (!strcmp(a, "--queue"))
                 rc = parse_u32(a, v, 0, 1u << 20, &c->queue);
             else if (!strcmp(a, "--ctx"))
@@ -192,21 +197,36 @@ int main(int argc, char **argv)
             k3_err ce = {0};
             S->can_chat = k3_chat_ctl_find(S->tok, &S->ctl, &ce) == 0;
         }
-        k3_engine_size sz = {c->ctx, c->parallel, (uint64_t)c->parallel * S->V * 4};
+        /* auto: as many sequences as the budget holds (the logits of the
+           most there can be counted as the caller's buffers) */
+        const uint32_t want = c->parallel ? c->parallel : SRV_AUTO_MAX;
+        k3_engine_size sz = {c->ctx, c->parallel ? c->parallel : K3_ENGINE_SEQS_FIT, (uint64_t)want * S->V * 4};
         const k3_stream_plan *plan = NULL;
         if (rc == 0)
             rc = k3_engine_plan(S->en, &sz, &plan, &e);
+        if (rc == K3_EBUDGET && c->parallel > 1) {
+            char msg[sizeof e.msg];
+            snprintf(msg, sizeof msg, "%s", e.msg);
+            k3_err_clear(&e);
+            k3_err_set(&e, K3_EBUDGET,
+                       "--parallel %u sequences of %u tokens do not fit: %s; ask for fewer, a smaller --ctx, or "
+                       "--parallel auto (as many as the budget holds)",
+                       c->parallel, c->ctx, msg);
+        }
+        k3_engine_mem mem = {0};
+        if (rc == 0 && plan)
+            rc = k3_engine_mem_get(S->en, &mem, &e);
+        if (rc == 0 && !c->parallel)
+            c->parallel = !plan ? SRV_AUTO_RESIDENT : mem.planned_seqs < SRV_AUTO_MAX ? mem.planned_seqs : SRV_AUTO_MAX;
         if (rc == 0 && plan && !c->quiet) {
             k3_stream_plan_print(plan, stderr, "k3-serve: ");
             /* what each --parallel slot costs, and how many the budget holds */
-            k3_engine_mem mem;
-            k3_err me = {0};
-            if (k3_engine_mem_get(S->en, &mem, &me) == 0)
-                fprintf(stderr,
-                        "k3-serve: per sequence of %u tokens %.3f MiB (state %.3f, latents %.3f, scores %.3f); "
-                        "the budget admits at most %u, %u planned (--parallel); more requests wait in the queue\n",
-                        mem.max_ctx, mem.seq_bytes / 1048576.0, mem.seq_state / 1048576.0, mem.seq_kv / 1048576.0,
-                        mem.seq_scores / 1048576.0, mem.max_seqs, mem.planned_seqs);
+            fprintf(stderr,
+                    "k3-serve: per sequence of %u tokens %.3f MiB (state %.3f, latents %.3f, scores %.3f); "
+                    "the budget admits at most %u, %u stepped together (--parallel%s); more requests wait in "
+                    "the queue\n",
+                    mem.max_ctx, mem.seq_bytes / 1048576.0, mem.seq_state / 1048576.0, mem.seq_kv / 1048576.0,
+                    mem.seq_scores / 1048576.0, mem.max_seqs, c->parallel, sz.max_seqs == K3_ENGINE_SEQS_FIT ? " auto" : "");
         }
     }
     uint32_t port = 0;

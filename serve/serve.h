@@ -26,6 +26,8 @@
 #include "k3_engine.h"
 #include "k3_gen.h"
 
+#define SRV_AUTO_MAX 64         /* --parallel auto: at most this many sequences */
+#define SRV_AUTO_RESIDENT 8     /* --parallel auto with the weights resident (no budget) */
 #define SRV_MAX_STOP 4          /* stop strings per request (as OpenAI) */
 #define SRV_MAX_BIAS 1024       /* logit_bias entries per request */
 #define SRV_STOP_MAX_BYTES 256  /* bytes per stop string */
@@ -93,7 +95,7 @@ typedef struct srv_cfg {
     const char *model_name;    /* /v1/models id */
     const char *host;
     uint32_t port;
-    uint32_t parallel, queue, ctx, threads, chunk;
+    uint32_t parallel, queue, ctx, threads, chunk;   /* parallel 0: auto (until the plan) */
     uint64_t max_body;
     const char *api_key;
     const char *ram;

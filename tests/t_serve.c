@@ -235,6 +235,48 @@ K3_TEST_TIMEOUT(serve_openai_npm_client_gets_what_curl_gets, 240)
     CHECK_EQ_INT(k3t_serve_stop(&s, SIGINT), 0);
 }
 
+/* --parallel auto (the default) steps as many sequences as the budget holds
+ * (at most 64), and --ram floor holds one; an explicit --parallel the budget
+ * cannot hold is one line and exit 6, never a server that runs past --ram. */
+K3_TEST_TIMEOUT(serve_parallel_auto_admits_what_the_budget_holds, 120)
+{
+    const char *m = tiny("pk", 1);
+    struct { const char *args; int lo, hi; } c[] = {
+        {"--ram floor --ctx 1024", 1, 1},
+        {"--ram 64M --ctx 1024", 5, 64},
+        {"--ram 1G --ctx 1024", 64, 64},
+        {"--ctx 1024", 8, 8},   /* resident: no budget to fill */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        k3t_server s;
+        k3t_serve_start(&s, m, c[i].args);
+        char *log = k3t_serve_log(&s);
+        const char *l = strstr(log, "listening on http://");
+        const char *p = l ? strstr(l, " (") : NULL;
+        int n = p ? atoi(p + 2) : -1;
+        if (n < c[i].lo || n > c[i].hi)
+            k3t_fail(__FILE__, __LINE__, "k3-serve %s: %d parallel, want %d to %d:\n%s", c[i].args, n, c[i].lo,
+                     c[i].hi, log);
+        if (strstr(c[i].args, "--ram")) {   /* the plan says how many it holds, and this is them */
+            const char *a = strstr(log, "the budget admits at most ");
+            CHECK(a != NULL);
+            char want[64];
+            snprintf(want, sizeof want, "%d stepped together (--parallel auto)", n);
+            CHECK_STR_CONTAINS(log, want);
+            if (a && n < 64)
+                CHECK_EQ_INT(atoi(a + strlen("the budget admits at most ")), n);
+        }
+        free(log);
+        CHECK_EQ_INT(k3t_serve_stop(&s, SIGINT), 0);
+    }
+    char *err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-serve %s --ram 64M --ctx 1024 --parallel 1000 --port 0", m), 6);
+    CHECK_STR_CONTAINS(err, "k3-serve: error: --parallel 1000 sequences of 1024 tokens do not fit: ");
+    CHECK_STR_CONTAINS(err, "--parallel auto");
+    CHECK(strchr(err, '\n') == err + strlen(err) - 1);
+    free(err);
+}
+
 /* 16 requests at once (completions and chat, greedy and seeded, streamed and
  * not, prompts of different lengths) each get byte for byte the answer they
  * get alone; the server stays within its --ram. */
@@ -257,7 +299,7 @@ K3_TEST_TIMEOUT(serve_16_concurrent_clients_each_get_their_solo_answer_within_ra
     const char *ps = strstr(log, "per sequence of 1024 tokens ");
     CHECK(ps != NULL);
     char want[64];
-    snprintf(want, sizeof want, "the budget admits at most %d, %d planned", NCONC, NCONC);
+    snprintf(want, sizeof want, "the budget admits at most %d, %d stepped together (--parallel)", NCONC, NCONC);
     CHECK_STR_CONTAINS(log, want);
     free(log);
     char *body[NCONC], *solo[NCONC];
