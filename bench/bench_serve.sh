@@ -3,8 +3,10 @@
 # requests, at each budget asked: aggregate generated tokens/s (all requests'
 # tokens over the wall time of the round), time to first token (mean, p50,
 # max), inter-token gaps (p50, p99, over every request's chunks), the
-# server's bytes read per step and steps (from /metrics, the round's delta),
-# and the I/O bound beside them: tokens/s if every step only read its bytes at
+# server's bytes read per step (trunk, experts) and steps, the experts a
+# step needs (the union of the B rows' routes, summed over the MoE layers)
+# and how many were in memory (from /metrics, the round's delta), and the I/O
+# bound beside them: tokens/s if every step only read its bytes at
 # the read bandwidth BW (measure it on the same files, e.g. with
 # bench/bench_stream.sh, which prints the O_DIRECT bandwidth it measured).
 #
@@ -102,10 +104,13 @@ gaps = [b - a for r in res for a, b in zip(r[1], r[1][1:])]
 steps = m1["k3_steps_total"] - m0["k3_steps_total"]
 rd = m1["k3_bytes_read_total"] - m0["k3_bytes_read_total"]
 per_step = rd / steps if steps else 0
+d = lambda k: (m1[k] - m0[k]) / steps if steps else 0
 line = (f"ram {ram:>6} B {B:2d}: {tok / wall:8.3f} tok/s aggregate ({tok} tokens, {wall:.2f} s); "
         f"TTFT mean {sum(ttft) / len(ttft):.3f} s p50 {pct(ttft, 50):.3f} max {max(ttft):.3f}; "
         f"inter-token p50 {pct(gaps, 50) * 1e3:.1f} ms p99 {pct(gaps, 99) * 1e3:.1f} ms; "
-        f"{steps:.0f} steps, {per_step / 1e6:.1f} MB read/step")
+        f"{steps:.0f} steps, {per_step / 1e6:.1f} MB read/step (trunk {d('k3_trunk_bytes_read_total') / 1e6:.1f}, "
+        f"experts {d('k3_expert_bytes_read_total') / 1e6:.1f}); experts per step {d('k3_expert_requests_total'):.1f} "
+        f"(union over the MoE layers), {d('k3_expert_hits_total'):.1f} from memory")
 if bw > 0 and per_step > 0:
     # every step advances up to B decoding sequences by one token
     line += f"; I/O bound {B * bw / per_step:.3f} tok/s"

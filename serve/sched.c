@@ -509,12 +509,13 @@ char *srv_metrics_text(srv *S)
     pthread_mutex_unlock(&S->mu);
     k3_stream_stats st;
     int streams = ready && k3_engine_stream_stats(S->en, &st) == 0;
-    char *s = malloc(4096);
+    enum { CAP = 8192 };
+    char *s = malloc(CAP);
     if (!s)
         return NULL;
     double tps = m.step_s > 0 ? (double)m.gen_tokens / m.step_s : 0;
     double hit = streams && st.expert_requests ? (double)st.expert_hits / (double)st.expert_requests : 1;
-    snprintf(s, 4096,
+    int n = snprintf(s, CAP,
              "# HELP k3_requests_total Completion requests received (each counted once).\n"
              "# TYPE k3_requests_total counter\nk3_requests_total %llu\n"
              "# HELP k3_requests_rejected_total Requests answered with an error, by reason.\n"
@@ -542,6 +543,13 @@ char *srv_metrics_text(srv *S)
              "# HELP k3_bytes_read_per_step Weight bytes read from disk by the last step (0 resident).\n"
              "# TYPE k3_bytes_read_per_step gauge\nk3_bytes_read_per_step %llu\n"
              "# TYPE k3_bytes_read_total counter\nk3_bytes_read_total %llu\n"
+             "# HELP k3_trunk_bytes_read_total Trunk bytes read from disk (0 resident).\n"
+             "# TYPE k3_trunk_bytes_read_total counter\nk3_trunk_bytes_read_total %llu\n"
+             "# HELP k3_expert_bytes_read_total Expert bytes read from disk (0 resident).\n"
+             "# TYPE k3_expert_bytes_read_total counter\nk3_expert_bytes_read_total %llu\n"
+             "# HELP k3_expert_requests_total Experts the steps needed: per step and MoE layer the union of the rows' routes.\n"
+             "# TYPE k3_expert_requests_total counter\nk3_expert_requests_total %llu\n"
+             "# TYPE k3_expert_hits_total counter\nk3_expert_hits_total %llu\n"
              "# HELP k3_expert_hit_rate Expert requests served from memory (1 resident).\n"
              "# TYPE k3_expert_hit_rate gauge\nk3_expert_hit_rate %.6f\n"
              "# TYPE k3_ready gauge\nk3_ready %d\n",
@@ -551,6 +559,13 @@ char *srv_metrics_text(srv *S)
              (unsigned long long)m.completed, (unsigned long long)m.cancelled, q, a,
              (unsigned long long)m.prompt_tokens, (unsigned long long)m.gen_tokens, (unsigned long long)m.steps,
              m.step_s, tps, (unsigned long long)m.last_step_tokens, (unsigned long long)m.last_step_bytes,
-             (unsigned long long)(streams ? st.trunk_bytes + st.expert_bytes : 0), hit, ready);
+             (unsigned long long)(streams ? st.trunk_bytes + st.expert_bytes : 0),
+             (unsigned long long)(streams ? st.trunk_bytes : 0), (unsigned long long)(streams ? st.expert_bytes : 0),
+             (unsigned long long)(streams ? st.expert_requests : 0), (unsigned long long)(streams ? st.expert_hits : 0),
+             hit, ready);
+    if (n < 0 || n >= CAP) {   /* never a cut-off page */
+        free(s);
+        return NULL;
+    }
     return s;
 }

@@ -372,6 +372,12 @@ K3_TEST_TIMEOUT(serve_16_concurrent_clients_each_get_their_solo_answer_within_ra
         free(body[i]);
     }
     CHECK(k3t_metric(&s, "k3_steps_total") > 0);
+    /* streamed: the read counters add up, and the experts were asked for */
+    CHECK(k3t_metric(&s, "k3_expert_requests_total") > 0);
+    CHECK(k3t_metric(&s, "k3_expert_hits_total") <= k3t_metric(&s, "k3_expert_requests_total"));
+    CHECK(k3t_metric(&s, "k3_trunk_bytes_read_total") > 0);
+    CHECK(k3t_metric(&s, "k3_trunk_bytes_read_total") + k3t_metric(&s, "k3_expert_bytes_read_total") ==
+          k3t_metric(&s, "k3_bytes_read_total"));
     /* the peak resident set of the server, within --ram */
     char *hwm = NULL;
     CHECK_EQ_INT(k3t_runf(&hwm, NULL, "awk '/^VmHWM:/ {print $2 * 1024}' /proc/%d/status", (int)s.pid), 0);
