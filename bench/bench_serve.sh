@@ -16,7 +16,10 @@
 # bench/bench_stream.sh makes one). Environment: BIN (default bin), BUDGETS
 # (default "floor"; e.g. "floor 16G"), CONC (default "1 2 4 8 16"), GEN
 # (tokens per request, default 16), PROMPT (default a short sentence), BW
-# (read bandwidth in bytes/s; without it the I/O bound is not printed).
+# (read bandwidth in bytes/s; without it the I/O bound is not printed), or
+# BW_TRUNK and BW_EXPERTS (the two rates bench-bench_stream --json prints, in
+# bytes/s: the bound is then trunk bytes / BW_TRUNK + expert bytes /
+# BW_EXPERTS per step).
 #
 # The server's step is the engine's batched step: the trunk is read once per
 # step for all B sequences, and each expert once for the union they route to.
@@ -51,7 +54,7 @@ for ram in $BUDGETS; do
     grep -E "budget|floor|total" "$log" | sed 's/^/  /'
     for b in $CONC; do
         python3 - "$port" "$b" "$GEN" "$PROMPT" "$ram" "${bw:-0}" <<'EOF'
-import http.client, json, sys, threading, time
+import http.client, json, os, sys, threading, time
 
 port, B, gen, prompt, ram, bw = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], float(sys.argv[6])
 
@@ -111,8 +114,12 @@ line = (f"ram {ram:>6} B {B:2d}: {tok / wall:8.3f} tok/s aggregate ({tok} tokens
         f"{steps:.0f} steps, {per_step / 1e6:.1f} MB read/step (trunk {d('k3_trunk_bytes_read_total') / 1e6:.1f}, "
         f"experts {d('k3_expert_bytes_read_total') / 1e6:.1f}); experts per step {d('k3_expert_requests_total'):.1f} "
         f"(union over the MoE layers), {d('k3_expert_hits_total'):.1f} from memory")
-if bw > 0 and per_step > 0:
+bt, be = float(os.environ.get("BW_TRUNK", 0)), float(os.environ.get("BW_EXPERTS", 0))
+if bt > 0 and be > 0 and steps:
     # every step advances up to B decoding sequences by one token
+    t_io = d("k3_trunk_bytes_read_total") / bt + d("k3_expert_bytes_read_total") / be
+    line += f"; I/O bound {B / t_io:.3f} tok/s ({t_io:.2f} s/step)" if t_io > 0 else ""
+elif bw > 0 and per_step > 0:
     line += f"; I/O bound {B * bw / per_step:.3f} tok/s"
 print(line, flush=True)
 EOF
