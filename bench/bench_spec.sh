@@ -8,7 +8,16 @@
 #          small synthetic tokenizer, so prompts are ids), so the floor
 #          streams real amounts per pass;
 #   kjv    models/kjv-tiny (trained: it repeats text), the honest case for
-#          acceptance rates; small, so a pass costs little I/O.
+#          acceptance rates; small, so a pass costs little I/O;
+#   live   a k3-width checkpoint made with k3-synth --sparse-live (2 layers,
+#          packed files rewritten without holes so that every read reaches
+#          the device; ~23 GB): its text is a function of the last id, so a
+#          passage it wrote once it writes again, each id routed to its own
+#          experts. The repetitive prompt is the model's own greedy walk from
+#          id 101 (WALK ids, default 36, found by a plain run first) followed
+#          by 101 again; the non-repetitive one is NON_IDS. This is the width
+#          case with real acceptance: real matrix sizes, real reads, real
+#          expert unions per pass. LIVE_DIR: use that packed model instead.
 # Per (model, prompt, mode): RUNS runs (default 3), each under
 # flock -x /tmp/k3-quiet.lock (the machine is shared: the lock keeps the
 # cooperating benchmarks apart, not the other engineers' builds and tests);
@@ -21,7 +30,7 @@
 # Also, first, what one pass of T ids costs at the floor (a prompt of T ids
 # with --gen 1) for T in PASS_T (default "1 2 4 8"): the price of checking
 # T - 1 guesses, whatever the weights say.
-# Environment: BIN (default bin), RUNS (3), GEN_WIDTH (12), GEN_KJV (64),
+# Environment: BIN (default bin), RUNS (3), GEN_WIDTH (12; 24 for live), GEN_KJV (64),
 # SPEC (ngram), MODELS ("width kjv"), PASS_T, PASS_ONLY=1 (only the pass costs),
 # OPTS (more k3-run options for both modes, e.g. "--temperature 0.8 --seed 1"). A packed width model already in
 # WORKDIR/pk is used as it is; KEEP=1 keeps WORKDIR.
@@ -53,6 +62,20 @@ for m in $MODELS; do
     kjv)
         [ -f "$W/kjv/manifest.json" ] || "$BIN/k3-convert" --quiet models/kjv-tiny "$W/kjv"
         dir=$W/kjv gen=${GEN_KJV:-64} ;;
+    live)
+        dir=${LIVE_DIR:-$W/live}
+        if [ ! -f "$dir/manifest.json" ]; then
+            flock -x $LOCK sh -c "'$BIN/k3-synth' '$W/lsrc' --preset k3-width --layers 2 --sparse-live --quiet --force &&
+                '$BIN/k3-convert' --quiet '$W/lsrc' '$dir' && rm -rf '$W/lsrc' &&
+                for f in '$dir'/*.k3t '$dir'/*.k3e; do cp --sparse=never \"\$f\" \"\$f.dense\" && mv \"\$f.dense\" \"\$f\"; done"
+        fi
+        gen=${GEN_WIDTH:-24}
+        if [ ! -f "$W/live-walk.json" ]; then
+            flock -x $LOCK "$BIN/k3-run" "$dir" --ids 101 --gen "${WALK:-36}" --ram floor --threads 2 --quiet --json \
+                >"$W/live-walk.json"
+        fi
+        LIVE_REP=$(/usr/bin/python3 -c 'import json, sys; print(",".join(map(str, [101] + json.load(open(sys.argv[1]))["generated_ids"] + [101])))' "$W/live-walk.json")
+        echo "bench_spec: live walk from 101: $LIVE_REP" ;;
     *) echo "bench_spec: unknown model $m" >&2; exit 2 ;;
     esac
     du -sh --apparent-size "$dir" | sed "s/^/bench_spec: $m packed /"
@@ -74,6 +97,8 @@ EOF
     for p in rep non; do
         if [ $m = width ]; then
             if [ $p = rep ]; then set -- --ids "$REP_IDS"; else set -- --ids "$NON_IDS"; fi
+        elif [ $m = live ]; then
+            if [ $p = rep ]; then set -- --ids "$LIVE_REP"; else set -- --ids "$NON_IDS"; fi
         elif [ $p = rep ]; then set -- --prompt "$REP"; else set -- --prompt "$NON"; fi
         for r in $(seq 1 "$RUNS"); do
             for mode in plain spec; do

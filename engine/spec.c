@@ -125,6 +125,200 @@ static void adapt_update(adapt *a, uint32_t drafted, uint32_t accepted)
     }
 }
 
+/*
+ * One speculating sequence. hist[0..n_hist) is the prompt and every id
+ * generated; of the generated ones, the last `pend` are not in cur yet (at
+ * least one: the last). A pass feeds them plus nd guesses (chunk); row i of
+ * its logits is the distribution of the id after the chunk's first i+1 ids,
+ * so the pass's draw i comes from row pend-1+i.
+ */
+struct k3_spec {
+    k3_engine *en;
+    k3_drafter *dr;
+    k3_seq *cur, *spare;
+    k3_seq *lent;              /* the caller's sequence (k3_spec_gen_seq): never freed here */
+    uint32_t k_max, max_chunk, V;
+    uint32_t *hist, cap;       /* max_ctx + 1 ids */
+    uint32_t n_prompt, n_hist, pend;
+    uint32_t *chunk;           /* 2 k_max + 1 */
+    float *rows;               /* (2 k_max + 1) x V */
+    uint32_t nd, drawn, acc;   /* this pass: guesses fed, ids drawn, guesses kept */
+    int in_pass;
+    adapt ad;
+    k3_spec_stats st;
+};
+
+/* lent: use it as the committed sequence (NULL: create one) */
+static int spec_new(k3_spec **out, k3_engine *en, k3_seq *lent, uint32_t max_ctx, k3_drafter *dr, uint32_t k_max,
+                    k3_err *e)
+{
+    *out = NULL;
+    if (!dr || k_max == 0)
+        return k3_err_set(e, K3_EARG, "k3_spec_create: a drafter and k_max >= 1 are needed");
+    if (k_max > K3_SPEC_K_MAX)
+        k_max = K3_SPEC_K_MAX;
+    k3_spec *s = calloc(1, sizeof *s);
+    if (!s)
+        return k3_err_set(e, K3_ENOMEM, "out of memory for speculative decoding");
+    k3_engine_info info;
+    k3_engine_get_info(en, &info);
+    s->en = en;
+    s->dr = dr;
+    s->k_max = k_max;
+    s->max_chunk = info.max_chunk ? info.max_chunk : 64;
+    s->V = (uint32_t)k3_engine_cfg(en)->vocab_size;
+    s->cap = max_ctx + 1;
+    const uint32_t rows = 2 * k_max + 1;   /* carried ids (<= k_max) + guesses (<= k_max) */
+    s->hist = malloc((uint64_t)s->cap * sizeof *s->hist);
+    s->chunk = malloc(rows * sizeof *s->chunk);
+    s->rows = malloc((uint64_t)rows * s->V * sizeof *s->rows);
+    int rc = 0;
+    if (!s->hist || !s->chunk || !s->rows)
+        rc = k3_err_set(e, K3_ENOMEM, "out of memory for speculative decoding");
+    s->lent = s->cur = lent;
+    if (rc == 0 && !lent)
+        rc = k3_seq_create(&s->cur, en, max_ctx, e);
+    if (rc == 0)
+        rc = k3_seq_create(&s->spare, en, max_ctx, e);
+    if (rc < 0) {
+        k3_spec_free(s);
+        return rc;
+    }
+    if (!lent)
+        k3_spec_reset(s);
+    else
+        s->ad = (adapt){s->k_max < 2 ? s->k_max : 2, s->k_max, 0, 0, 1};
+    *out = s;
+    return 0;
+}
+
+int k3_spec_create(k3_spec **out, k3_engine *en, uint32_t max_ctx, k3_drafter *dr, uint32_t k_max, k3_err *e)
+{
+    return spec_new(out, en, NULL, max_ctx, dr, k_max, e);
+}
+
+void k3_spec_free(k3_spec *s)
+{
+    if (!s)
+        return;
+    if (s->cur != s->lent)
+        k3_seq_free(s->cur);
+    if (s->spare != s->lent)
+        k3_seq_free(s->spare);
+    free(s->hist);
+    free(s->chunk);
+    free(s->rows);
+    free(s);
+}
+
+void k3_spec_reset(k3_spec *s)
+{
+    k3_seq_reset(s->cur);
+    s->n_prompt = s->n_hist = s->pend = 0;
+    s->in_pass = 0;
+    s->ad = (adapt){s->k_max < 2 ? s->k_max : 2, s->k_max, 0, 0, 1};
+    memset(&s->st, 0, sizeof s->st);
+}
+
+k3_seq *k3_spec_seq(k3_spec *s) { return s->cur; }
+
+int k3_spec_begin(k3_spec *s, const uint32_t *prompt, uint32_t n_prompt, uint32_t first, k3_err *e)
+{
+    if ((uint64_t)n_prompt + 1 > s->cap)
+        return k3_err_set(e, K3_ELIMIT, "prompt (%u) exceeds the context (%u)", n_prompt, s->cap - 1);
+    memcpy(s->hist, prompt, (uint64_t)n_prompt * sizeof *s->hist);
+    s->hist[n_prompt] = first;
+    s->n_prompt = n_prompt;
+    s->n_hist = n_prompt + 1;
+    s->pend = 1;
+    return 0;
+}
+
+int k3_spec_plan(k3_spec *s, uint32_t room, k3_step_seq *q, k3_err *e)
+{
+    const uint32_t p = s->pend;
+    if (p == 0 || s->in_pass)
+        return k3_err_set(e, K3_EARG, "k3_spec_plan: no id to feed (k3_spec_begin), or a pass not ended");
+    uint32_t kk = s->ad.pause ? 0 : s->ad.k;
+    if (kk > room)
+        kk = room;
+    const uint32_t left = s->cap - 1 > s->n_hist ? s->cap - 1 - s->n_hist : 0;
+    if (kk > left)   /* never past the context */
+        kk = left;
+    if (p > s->k_max || p + kk > s->max_chunk)   /* carried too many: commit with a plain pass */
+        kk = 0;
+    uint32_t nd = kk ? s->dr->propose(s->dr, s->hist, s->n_hist, kk, s->chunk + p) : 0;
+    if (nd > kk)
+        nd = kk;
+    memcpy(s->chunk, s->hist + s->n_hist - p, (uint64_t)p * sizeof *s->chunk);
+    k3_seq *run = s->cur;
+    if (nd) {
+        double tc = now_s();
+        int rc = k3_seq_copy(s->spare, s->cur, e);
+        if (rc < 0)
+            return rc;
+        s->st.copy_s += now_s() - tc;
+        s->st.copy_bytes += k3_seq_state_size(s->cur) - 64;
+        s->st.copies++;
+        s->st.spec_passes++;
+        run = s->spare;
+    } else if (s->ad.pause) {
+        s->ad.pause--;
+    }
+    *q = (k3_step_seq){run, s->chunk, p + nd, nd ? K3_LOGITS_ALL : K3_LOGITS_LAST, s->rows};
+    s->nd = nd;
+    s->drawn = s->acc = 0;
+    s->in_pass = 1;
+    s->st.passes++;
+    s->st.chunk_ids += p + nd;
+    s->st.drafted += nd;
+    return 0;
+}
+
+float *k3_spec_row(k3_spec *s, uint32_t i)
+{
+    return s->nd ? s->rows + (uint64_t)(s->pend - 1 + i) * s->V : s->rows;
+}
+
+int k3_spec_take(k3_spec *s, uint32_t id)
+{
+    const uint32_t i = s->drawn++;
+    if (s->n_hist < s->cap)
+        s->hist[s->n_hist++] = id;
+    if (i == s->nd || id != s->chunk[s->pend + i])
+        return 0;
+    s->acc++;
+    return 1;
+}
+
+void k3_spec_end(k3_spec *s)
+{
+    if (!s->in_pass)
+        return;
+    s->in_pass = 0;
+    const uint32_t p = s->pend, nd = s->nd;
+    if (nd) {
+        s->st.accepted += s->acc;
+        adapt_update(&s->ad, nd, s->acc);
+        if (s->acc == nd) {   /* every guess fed is right: the copy is the sequence now */
+            k3_seq *t = s->cur;
+            s->cur = s->spare;
+            s->spare = t;
+            s->pend = s->drawn - nd;   /* the model's own id after the guesses (or none) */
+        } else {
+            s->pend = p + s->drawn;    /* cur is as before the pass: carry what it confirmed */
+        }
+    } else {
+        s->pend = s->drawn;
+    }
+}
+
+void k3_spec_get_stats(const k3_spec *s, k3_spec_stats *st)
+{
+    *st = s->st;
+    st->n_fed = s->n_hist ? s->n_hist - s->n_prompt - s->pend : 0;
+}
+
 int k3_spec_gen_seq(k3_engine *en, k3_seq *seq, k3_sampler *smp, k3_drafter *dr, uint32_t k_max,
                     const uint32_t *prompt, uint32_t n_prompt, const k3_gen_opts *o, uint32_t *out,
                     uint32_t *n_out, k3_gen_stats *st, k3_spec_stats *sp, k3_err *e)
@@ -136,83 +330,40 @@ int k3_spec_gen_seq(k3_engine *en, k3_seq *seq, k3_sampler *smp, k3_drafter *dr,
         sp->n_fed = *n_out ? *n_out - 1 : 0;
         return rc;
     }
-    if (k_max > K3_SPEC_K_MAX)
-        k_max = K3_SPEC_K_MAX;
     if (n_prompt == 0)
         return k3_err_set(e, K3_EARG, "empty prompt: at least one token is needed");
     if ((uint64_t)k3_seq_pos(seq) + n_prompt + o->max_new > k3_seq_max_ctx(seq))
         return k3_err_set(e, K3_ELIMIT, "prompt (%u) + generation (%u) exceed the context (%u)", n_prompt,
                           o->max_new, k3_seq_max_ctx(seq));
     const uint64_t V = k3_engine_cfg(en)->vocab_size;
-    k3_engine_info info;
-    k3_engine_get_info(en, &info);
-    const uint32_t max_chunk = info.max_chunk ? info.max_chunk : 64;
-    const uint32_t rows_cap = 2 * k_max + 1;   /* carried ids (<= k_max) + guesses (<= k_max) */
     const uint64_t j0 = k3_sampler_count(smp);
-    k3_seq *spare = NULL, *cur = seq;
-    uint32_t *hist = malloc(((uint64_t)n_prompt + o->max_new) * sizeof *hist);
-    uint32_t *chunk = malloc(rows_cap * sizeof *chunk);
-    float *rows = malloc((uint64_t)rows_cap * V * sizeof *rows);
-    int rc = 0;
-    if (!hist || !chunk || !rows) {
-        rc = k3_err_set(e, K3_ENOMEM, "out of memory for speculative decoding");
-        goto out;
-    }
-    if ((rc = k3_seq_create(&spare, en, k3_seq_max_ctx(seq), e)) < 0)
-        goto out;
-
+    k3_spec *s = NULL;
+    int rc = spec_new(&s, en, seq, k3_seq_max_ctx(seq), dr, k_max, e);
+    if (rc < 0)
+        return rc;
     /* the prompt and the first id: exactly k3_gen_seq's */
     k3_gen_opts first = *o;
     first.max_new = 1;
     if ((rc = k3_gen_seq(en, seq, smp, prompt, n_prompt, &first, out, n_out, st, e)) < 0)
         goto out;
-    memcpy(hist, prompt, (uint64_t)n_prompt * sizeof *hist);
-    uint32_t g = *n_out, c = 0;   /* generated; fed into cur */
-    hist[n_prompt] = out[0];
-    adapt ad = {k_max < 2 ? k_max : 2, k_max, 0, 0, 1};
+    if ((rc = k3_spec_begin(s, prompt, n_prompt, out[0], e)) < 0)
+        goto out;
+    uint32_t g = *n_out;
     int stop = st->stopped_by_eos;
     const double t1 = now_s();
     while (!stop && g < o->max_new) {
-        const uint32_t p = g - c;
-        uint32_t room = o->max_new - g - 1;   /* guesses beyond it could never be emitted */
-        uint32_t kk = ad.pause ? 0 : ad.k;
-        if (kk > room)
-            kk = room;
-        if (p > k_max || p + kk > max_chunk)   /* carried too many: commit with a plain pass */
-            kk = 0;
-        uint32_t nd = kk ? dr->propose(dr, hist, n_prompt + g, kk, chunk + p) : 0;
-        if (nd > kk)
-            nd = kk;
-        memcpy(chunk, out + c, (uint64_t)p * sizeof *chunk);
-        k3_seq *run = cur;
-        if (nd) {
-            double tc = now_s();
-            if ((rc = k3_seq_copy(spare, cur, e)) < 0)
-                goto out;
-            sp->copy_s += now_s() - tc;
-            sp->copy_bytes += k3_seq_state_size(cur) - 64;
-            sp->copies++;
-            sp->spec_passes++;
-            run = spare;
-        } else if (ad.pause) {
-            ad.pause--;
-        }
-        k3_step_seq step = {run, chunk, p + nd, nd ? K3_LOGITS_ALL : K3_LOGITS_LAST, rows};
+        k3_step_seq step;
+        if ((rc = k3_spec_plan(s, o->max_new - g - 1, &step, e)) < 0)
+            goto out;
         if ((rc = k3_engine_step(en, &step, 1, e)) < 0)
             goto out;
-        sp->passes++;
-        sp->chunk_ids += p + nd;
-        sp->drafted += nd;
-        /* sample row p-1+i for i = 0..nd while the guesses hold */
-        uint32_t acc = 0;
-        for (uint32_t i = 0; i <= nd; i++) {
-            const float *row = nd ? rows + (uint64_t)(p - 1 + i) * V : rows;
+        for (uint32_t i = 0;; i++) {
+            const float *row = k3_spec_row(s, i);
             if (o->gen_logits)
                 memcpy(o->gen_logits + (uint64_t)g * V, row, V * sizeof(float));
             uint32_t id = k3_sampler_at(smp, row, j0 + g);
-            out[g] = id;
-            hist[n_prompt + g] = id;
-            g++;
+            const int more = k3_spec_take(s, id);
+            out[g++] = id;
             *n_out = g;
             st->n_gen = g;
             if (o->cb && (rc = o->cb(o->ud, id)) < 0)
@@ -220,41 +371,24 @@ int k3_spec_gen_seq(k3_engine *en, k3_seq *seq, k3_sampler *smp, k3_drafter *dr,
             for (uint32_t k = 0; k < o->n_eos; k++)
                 if (o->eos[k] == id)
                     stop = st->stopped_by_eos = 1;
-            if (stop || g == o->max_new || i == nd || id != chunk[p + i])
+            if (stop || g == o->max_new || !more)
                 break;
-            acc++;
         }
-        if (nd) {
-            sp->accepted += acc;
-            adapt_update(&ad, nd, acc);
-            if (acc == nd) {   /* every guess fed is right: the copy is the sequence now */
-                k3_seq *t = cur;
-                cur = spare;
-                spare = t;
-                c += p + nd;
-            }
-            /* else: cur is as before the pass; out[c..g) is carried */
-        } else {
-            c += p;
-        }
+        k3_spec_end(s);
     }
     st->decode_s = now_s() - t1;
     k3_sampler_set_count(smp, j0 + g);
-    if (cur != seq) {
+    if (s->cur != seq) {   /* the committed state is the copy: the caller's sequence gets it */
         double tc = now_s();
-        if ((rc = k3_seq_copy(seq, cur, e)) < 0)
+        if ((rc = k3_seq_copy(seq, s->cur, e)) < 0)
             goto out;
-        sp->copy_s += now_s() - tc;
-        sp->copy_bytes += k3_seq_state_size(cur) - 64;
-        sp->copies++;
+        s->st.copy_s += now_s() - tc;
+        s->st.copy_bytes += k3_seq_state_size(s->cur) - 64;
+        s->st.copies++;
     }
-    sp->n_fed = c;
 out:
-    if (spare == seq)
-        spare = cur;
-    k3_seq_free(spare);
-    free(hist);
-    free(chunk);
-    free(rows);
+    k3_spec_end(s);
+    k3_spec_get_stats(s, sp);
+    k3_spec_free(s);
     return rc;
 }

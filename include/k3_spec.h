@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "k3_err.h"
+#include "k3_engine.h"
 #include "k3_gen.h"
 
 /*
@@ -82,5 +83,48 @@ typedef struct k3_spec_stats {
 int k3_spec_gen_seq(k3_engine *en, k3_seq *seq, k3_sampler *smp, k3_drafter *dr, uint32_t k_max,
                     const uint32_t *prompt, uint32_t n_prompt, const k3_gen_opts *o, uint32_t *out,
                     uint32_t *n_out, k3_gen_stats *st, k3_spec_stats *sp, k3_err *e);
+
+
+/*
+ * Step-wise verification, for a caller that runs many sequences in one
+ * engine step (k3-serve): one k3_spec per sequence that speculates, the same
+ * verifier k3_spec_gen_seq runs.
+ *
+ *   k3_spec_create  two sequences of max_ctx (the committed one and the
+ *                   rollback copy; the engine plan must count both) and the
+ *                   rows of logits for a pass of up to 2 k_max + 1 ids;
+ *                   the drafter stays the caller's
+ *   k3_spec_seq     the committed sequence: feed the prompt into it with
+ *                   plain steps, sample the first id from its last logits
+ *   k3_spec_begin   after that: the prompt and the first id (not yet fed)
+ *   k3_spec_plan    this sequence's entry of the next step: the ids
+ *                   generated but not yet fed plus the guesses, logits into
+ *                   the k3_spec's rows; room = how many ids may still be
+ *                   generated after the pass's first (guesses past it could
+ *                   never be emitted)
+ *   k3_spec_row     after the step: the logits the pass's i-th id is drawn
+ *                   from (i = 0 first); the caller may change them (a logit
+ *                   bias) before sampling
+ *   k3_spec_take    the pass's next id was drawn: 1 if another can be drawn
+ *                   from this pass (it was the guess and a guess follows)
+ *   k3_spec_end     the pass is over (after the last take, or earlier if the
+ *                   caller stops): keep the copy or carry the confirmed ids
+ *   k3_spec_reset   for another sequence: position 0, no history
+ * The ids drawn are those of plain decoding if the caller draws the i-th id
+ * of the whole generation at draw number i (k3_sampler_next in order).
+ */
+typedef struct k3_spec k3_spec;
+int k3_spec_create(k3_spec **out, k3_engine *en, uint32_t max_ctx, k3_drafter *dr, uint32_t k_max, k3_err *e);
+void k3_spec_free(k3_spec *s);   /* accepts NULL; frees both sequences */
+void k3_spec_reset(k3_spec *s);
+k3_seq *k3_spec_seq(k3_spec *s);
+int k3_spec_begin(k3_spec *s, const uint32_t *prompt, uint32_t n_prompt, uint32_t first, k3_err *e);
+int k3_spec_plan(k3_spec *s, uint32_t room, k3_step_seq *q, k3_err *e);
+float *k3_spec_row(k3_spec *s, uint32_t i);
+int k3_spec_take(k3_spec *s, uint32_t id);
+void k3_spec_end(k3_spec *s);
+/* What the passes did (k3_spec_stats; n_fed = generated ids the committed
+ * sequence holds). */
+void k3_spec_get_stats(const k3_spec *s, k3_spec_stats *st);
 
 #endif

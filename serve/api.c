@@ -267,6 +267,14 @@ int srv_parse_request(srv *S, int chat, const char *body, uint64_t len, srv_req 
             FAIL("top_k", "'top_k' must be a whole number >= 0");
         r->top_k = (uint32_t)d;
     }
+    r->speculative = -1;
+    if (is_set(v = cJSON_GetObjectItemCaseSensitive(root, "speculative"))) {
+        if (!cJSON_IsBool(v))
+            FAIL("speculative", "'speculative' must be a boolean");
+        if (cJSON_IsTrue(v) && !S->cfg.drafter)
+            FAIL("speculative", "this server decodes without speculation: start it with --spec ngram[:K]");
+        r->speculative = cJSON_IsTrue(v);
+    }
     if (is_set(v = cJSON_GetObjectItemCaseSensitive(root, "seed"))) {
         if (get_int(v, -0x1p63, 0x1p64 - 1, &d) < 0)
             FAIL("seed", "'seed' must be a whole number");

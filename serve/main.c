@@ -46,6 +46,10 @@ static void usage(FILE *f)
             "  --queue N              requests waiting for a sequence (default 64; more: 503)\n"
             "  --ctx N                tokens per sequence, prompt and answer (default 4096)\n"
             "  --chunk N              prompt tokens per sequence per step (default 64)\n"
+            "  --spec ngram[:K]       speculative decoding by default (a request's\n"
+            "                         \"speculative\": false turns it off): up to K guessed\n"
+            "                         ids (default 8) checked per step, the same output;\n"
+            "                         each slot takes two sequences of --ctx tokens\n"
             "engine:\n"
             "  --ram SIZE             stream the weights within SIZE bytes of RAM (K/M/G/T\n"
             "                         suffixes) or a preset: floor, double, resident; the plan\n"
@@ -144,6 +148,13 @@ int main(int argc, char **argv)
                 rc = parse_u32(a, v, 1, 4096, &c->threads);
             else if (!strcmp(a, "--ram"))
                 c->ram = v;
+            else if (!strcmp(a, "--spec")) {
+                k3_err se = {0};
+                k3_drafter_free(c->drafter);
+                if (k3_spec_parse(v, &c->drafter, &c->spec_k, &se) < 0)
+                    return usage_error("%s", se.msg);
+                c->spec = v;
+            }
             else if (!strcmp(a, "--name"))
                 c->model_name = v;
             else
@@ -200,7 +211,10 @@ int main(int argc, char **argv)
         /* auto: as many sequences as the budget holds (the logits of the
            most there can be counted as the caller's buffers) */
         const uint32_t want = c->parallel ? c->parallel : SRV_AUTO_MAX;
-        k3_engine_size sz = {c->ctx, c->parallel ? c->parallel : K3_ENGINE_SEQS_FIT, (uint64_t)want * S->V * 4};
+        const uint32_t per_slot = c->drafter ? 2 : 1;   /* --spec: the rollback copy */
+        const uint64_t rows = c->drafter ? 2 * c->spec_k + 1 : 0;
+        k3_engine_size sz = {c->ctx, c->parallel ? c->parallel * per_slot : K3_ENGINE_SEQS_FIT,
+                             (uint64_t)want * S->V * 4 * (1 + rows)};
         const k3_stream_plan *plan = NULL;
         if (rc == 0)
             rc = k3_engine_plan(S->en, &sz, &plan, &e);
@@ -216,8 +230,13 @@ int main(int argc, char **argv)
         k3_engine_mem mem = {0};
         if (rc == 0 && plan)
             rc = k3_engine_mem_get(S->en, &mem, &e);
-        if (rc == 0 && !c->parallel)
-            c->parallel = !plan ? SRV_AUTO_RESIDENT : mem.planned_seqs < SRV_AUTO_MAX ? mem.planned_seqs : SRV_AUTO_MAX;
+        if (rc == 0 && !c->parallel) {
+            const uint32_t fit = plan ? mem.planned_seqs / per_slot : SRV_AUTO_RESIDENT;
+            c->parallel = fit < 1 ? 1 : fit < SRV_AUTO_MAX ? fit : SRV_AUTO_MAX;
+            if (plan && fit < 1)
+                rc = k3_err_set(&e, K3_EBUDGET, "--spec needs two sequences of %u tokens per slot, and the budget "
+                                "holds one: a larger --ram or a smaller --ctx", c->ctx);
+        }
         if (rc == 0 && plan && !c->quiet) {
             k3_stream_plan_print(plan, stderr, "k3-serve: ");
             /* what each --parallel slot costs, and how many the budget holds */
@@ -227,6 +246,8 @@ int main(int argc, char **argv)
                     "the queue\n",
                     mem.max_ctx, mem.seq_bytes / 1048576.0, mem.seq_state / 1048576.0, mem.seq_kv / 1048576.0,
                     mem.seq_scores / 1048576.0, mem.max_seqs, c->parallel, sz.max_seqs == K3_ENGINE_SEQS_FIT ? " auto" : "");
+            if (c->drafter)
+                fprintf(stderr, "k3-serve: --spec %s: each slot holds two sequences (the rollback copy)\n", c->spec);
         }
     }
     uint32_t port = 0;
@@ -288,12 +309,18 @@ int main(int argc, char **argv)
     rc = k3_engine_stream_finish(S->en, &fe);
     for (uint32_t i = 0; S->seqs && i < c->parallel; i++)
         k3_seq_free(S->seqs[i]);
+    for (uint32_t i = 0; S->specs && i < c->parallel; i++)
+        k3_spec_free(S->specs[i]);
     k3_engine_close(S->en);
     if (!c->quiet)
         fprintf(stderr, "k3-serve: stopped after %llu requests (%llu tokens generated)\n",
                 (unsigned long long)S->m.requests, (unsigned long long)S->m.gen_tokens);
     free(S->active);
     free(S->seqs);
+    free(S->specs);
+    free(S->drawn);
+    free(S->n_drawn);
+    k3_drafter_free(c->drafter);
     free(S->step);
     free(S->slot_of);
     free(S->logits);

@@ -191,6 +191,14 @@ static void release(srv *S, uint32_t slot)
     r->ts = NULL;
     r->turn = NULL;
     r->seq = NULL;
+    if (r->spec) {   /* what its passes did, counted when it leaves */
+        k3_spec_stats st;
+        k3_spec_get_stats(r->spec, &st);
+        S->m.spec_passes += st.spec_passes;
+        S->m.spec_drafted += st.drafted;
+        S->m.spec_accepted += st.accepted;
+        r->spec = NULL;
+    }
     if (r->state != SRV_DONE) {
         r->state = SRV_DONE;
         pthread_cond_broadcast(&r->cv);
@@ -323,8 +331,15 @@ static void admit(srv *S)
             fail(S, slot, 500, e.msg);
             continue;
         }
-        r->seq = S->seqs[slot];
-        k3_seq_reset(r->seq);
+        if (S->specs) {   /* --spec: the slot's verifier holds its sequences */
+            k3_spec_reset(S->specs[slot]);
+            r->seq = k3_spec_seq(S->specs[slot]);
+            r->spec = r->speculative ? S->specs[slot] : NULL;
+            r->spec_begun = 0;
+        } else {
+            r->seq = S->seqs[slot];
+            k3_seq_reset(r->seq);
+        }
         r->channel = r->chat && r->fmt.thinking ? SRV_CH_REASONING : SRV_CH_CONTENT;
         r->state = SRV_ACTIVE;
         S->m.prompt_tokens += r->n_prompt;
@@ -366,6 +381,21 @@ static void *engine_main(void *arg)
                 q->n = c;
                 r->fed += c;
                 q->logits = r->fed == r->n_prompt ? K3_LOGITS_LAST : K3_LOGITS_NONE;
+            } else if (r->spec) {
+                /* the ids not yet fed and the guesses, into the verifier's rows */
+                k3_err se = {0};
+                int src = r->spec_begun ? 0 : k3_spec_begin(r->spec, r->prompt, r->n_prompt, r->next_id, &se);
+                r->spec_begun = 1;
+                if (src == 0)
+                    src = k3_spec_plan(r->spec, r->max_tokens - r->n_gen - 1, q, &se);
+                if (src < 0) {
+                    fail(S, s, 500, se.msg);
+                    continue;
+                }
+                r->have_next = 0;
+                S->slot_of[n++] = s;
+                tokens += q->n;
+                continue;
             } else {
                 q->ids = &r->next_id;
                 q->n = 1;
@@ -386,13 +416,29 @@ static void *engine_main(void *arg)
         double dt = srv_now() - t0;
         /* sampling outside the lock: the samplers are the engine thread's */
         if (rc == 0)
-            for (uint32_t i = 0; i < n; i++)
-                if (S->step[i].logits) {
-                    const srv_req *q = S->active[S->slot_of[i]];
+            for (uint32_t i = 0; i < n; i++) {
+                const uint32_t slot = S->slot_of[i];
+                const srv_req *q = S->active[slot];
+                if (q->spec && q->spec_begun) {
+                    /* the pass's ids in order, each drawn as plain decoding draws it,
+                       while the guesses hold (the verifier says when to stop) */
+                    uint32_t *d = S->drawn + (size_t)slot * (S->cfg.spec_k + 1), nd = 0;
+                    for (int more = 1; more && nd <= S->cfg.spec_k && q->n_gen + nd < q->max_tokens;) {
+                        float *row = k3_spec_row(q->spec, nd);
+                        for (uint32_t b = 0; b < q->n_bias; b++)
+                            row[q->bias_id[b]] += q->bias[b];
+                        d[nd] = k3_sampler_next(q->smp, row);
+                        more = k3_spec_take(q->spec, d[nd]) && !is_eos(S, d[nd]);
+                        nd++;
+                    }
+                    k3_spec_end(q->spec);
+                    S->n_drawn[slot] = nd;
+                } else if (S->step[i].logits) {
                     for (uint32_t b = 0; b < q->n_bias; b++)
                         S->step[i].out[q->bias_id[b]] += q->bias[b];
                     sampled[i] = k3_sampler_next(q->smp, S->step[i].out);
                 }
+            }
         k3_engine_stream_stats(S->en, &st1);
         pthread_mutex_lock(&S->mu);
         S->m.steps++;
@@ -411,9 +457,16 @@ static void *engine_main(void *arg)
                     fail(S, s, 500, S->fatal_msg);
             continue;
         }
-        for (uint32_t i = 0; i < n; i++)
-            if (S->step[i].logits && S->active[S->slot_of[i]])
-                take(S, S->slot_of[i], sampled[i]);
+        for (uint32_t i = 0; i < n; i++) {
+            const uint32_t slot = S->slot_of[i];
+            srv_req *r = S->active[slot];
+            if (r && r->spec && r->spec_begun) {
+                const uint32_t *d = S->drawn + (size_t)slot * (S->cfg.spec_k + 1);
+                for (uint32_t k = 0; k < S->n_drawn[slot] && S->active[slot] == r; k++)
+                    take(S, slot, d[k]);   /* ends the request at eos, a stop string or max_tokens */
+            } else if (S->step[i].logits && r)
+                take(S, slot, sampled[i]);
+        }
     }
     pthread_mutex_unlock(&S->mu);
     free(sampled);
@@ -433,9 +486,20 @@ int srv_engine_start(srv *S, k3_err *e)
     S->logits = malloc((size_t)P * S->V * sizeof *S->logits);
     if (!S->active || !S->seqs || !S->step || !S->slot_of || !S->logits)
         return k3_err_set(e, K3_ENOMEM, "out of memory for %u sequences", P);
-    for (uint32_t i = 0; i < P; i++)
-        if ((rc = k3_seq_create(&S->seqs[i], S->en, S->cfg.ctx, e)) < 0)
-            return rc;
+    if (S->cfg.drafter) {
+        S->specs = calloc(P, sizeof *S->specs);
+        S->drawn = calloc((size_t)P * (S->cfg.spec_k + 1), sizeof *S->drawn);
+        S->n_drawn = calloc(P, sizeof *S->n_drawn);
+        if (!S->specs || !S->drawn || !S->n_drawn)
+            return k3_err_set(e, K3_ENOMEM, "out of memory for %u sequences", P);
+        for (uint32_t i = 0; i < P; i++)
+            if ((rc = k3_spec_create(&S->specs[i], S->en, S->cfg.ctx, S->cfg.drafter, S->cfg.spec_k, e)) < 0)
+                return rc;
+    } else {
+        for (uint32_t i = 0; i < P; i++)
+            if ((rc = k3_seq_create(&S->seqs[i], S->en, S->cfg.ctx, e)) < 0)
+                return rc;
+    }
     if (pthread_create(&S->thread, NULL, engine_main, S) != 0)
         return k3_err_set(e, K3_ENOMEM, "cannot start the engine thread");
     pthread_mutex_lock(&S->mu);
@@ -550,6 +614,10 @@ char *srv_metrics_text(srv *S)
              "# HELP k3_expert_requests_total Experts the steps needed: per step and MoE layer the union of the rows' routes.\n"
              "# TYPE k3_expert_requests_total counter\nk3_expert_requests_total %llu\n"
              "# TYPE k3_expert_hits_total counter\nk3_expert_hits_total %llu\n"
+             "# HELP k3_spec_passes_total Steps in which a sequence checked guessed ids (counted as requests end).\n"
+             "# TYPE k3_spec_passes_total counter\nk3_spec_passes_total %llu\n"
+             "# TYPE k3_spec_drafted_total counter\nk3_spec_drafted_total %llu\n"
+             "# TYPE k3_spec_accepted_total counter\nk3_spec_accepted_total %llu\n"
              "# HELP k3_expert_hit_rate Expert requests served from memory (1 resident).\n"
              "# TYPE k3_expert_hit_rate gauge\nk3_expert_hit_rate %.6f\n"
              "# TYPE k3_ready gauge\nk3_ready %d\n",
@@ -562,6 +630,8 @@ char *srv_metrics_text(srv *S)
              (unsigned long long)(streams ? st.trunk_bytes + st.expert_bytes : 0),
              (unsigned long long)(streams ? st.trunk_bytes : 0), (unsigned long long)(streams ? st.expert_bytes : 0),
              (unsigned long long)(streams ? st.expert_requests : 0), (unsigned long long)(streams ? st.expert_hits : 0),
+             (unsigned long long)m.spec_passes, (unsigned long long)m.spec_drafted,
+             (unsigned long long)m.spec_accepted,
              hit, ready);
     if (n < 0 || n >= CAP) {   /* never a cut-off page */
         free(s);

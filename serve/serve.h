@@ -25,6 +25,7 @@
 #include "k3_chat.h"
 #include "k3_engine.h"
 #include "k3_gen.h"
+#include "k3_spec.h"
 
 #define SRV_AUTO_MAX 64         /* --parallel auto: at most this many sequences */
 #define SRV_AUTO_RESIDENT 8     /* --parallel auto with the weights resident (no budget) */
@@ -58,6 +59,7 @@ typedef struct srv_req {
     float *bias;
     uint32_t n_bias;
     k3_chat_opts fmt;          /* chat: thinking, effort */
+    int speculative;           /* -1: the server's default (--spec), 0 off, 1 on */
     char id[40];
     int64_t created;
 
@@ -85,6 +87,8 @@ typedef struct srv_req {
     uint32_t fed;              /* prompt ids fed so far */
     uint32_t next_id;          /* the last sampled id, fed next */
     int have_next;
+    k3_spec *spec;             /* speculating: the slot's verifier (NULL: plain decoding) */
+    int spec_begun;            /* the verifier has the prompt and the first id */
     int channel;               /* chat: the channel the decoder's bytes belong to */
     char *hold;                /* content held back: may begin a stop string */
     uint32_t hold_len, hold_cap;
@@ -102,6 +106,9 @@ typedef struct srv_cfg {
     uint32_t timeout_s;        /* idle connection timeout */
     uint32_t max_conn;         /* connections at once */
     int quiet;
+    const char *spec;          /* --spec ngram[:K]: speculative decoding by default */
+    k3_drafter *drafter;
+    uint32_t spec_k;
 } srv_cfg;
 
 typedef struct srv_metrics {
@@ -110,6 +117,7 @@ typedef struct srv_metrics {
     uint64_t prompt_tokens, gen_tokens, steps;
     double step_s, last_step_s;
     uint64_t last_step_tokens, last_step_bytes;
+    uint64_t spec_passes, spec_drafted, spec_accepted;
 } srv_metrics;
 
 typedef struct srv {
@@ -135,6 +143,8 @@ typedef struct srv {
     uint32_t n_answering;      /* requests whose connection has not ended yet */
     srv_req **active;          /* parallel slots */
     k3_seq **seqs;             /* one per slot, made at load */
+    k3_spec **specs;           /* --spec: one verifier per slot (its two sequences), made at load */
+    uint32_t *drawn, *n_drawn; /* --spec: the ids each slot's entry drew in a step (slot x (K + 1)) */
     float *logits;             /* parallel x V */
     k3_step_seq *step;
     uint32_t *slot_of;         /* step entry -> slot */
