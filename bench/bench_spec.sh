@@ -31,7 +31,8 @@
 # with --gen 1) for T in PASS_T (default "1 2 4 8"): the price of checking
 # T - 1 guesses, whatever the weights say.
 # Environment: BIN (default bin), RUNS (3), GEN_WIDTH (12; 24 for live), GEN_KJV (64),
-# SPEC (ngram), MODELS ("width kjv"), PASS_T, PASS_ONLY=1 (only the pass costs),
+# SPEC (ngram), MODELS ("width kjv"), PASS_T ("" for none), PASS_ONLY=1 (only the pass costs),
+# PROMPTS ("rep non", or one of them),
 # OPTS (more k3-run options for both modes, e.g. "--temperature 0.8 --seed 1"). A packed width model already in
 # WORKDIR/pk is used as it is; KEEP=1 keeps WORKDIR.
 set -eu
@@ -81,7 +82,7 @@ for m in $MODELS; do
     du -sh --apparent-size "$dir" | sed "s/^/bench_spec: $m packed /"
     # what one pass of T ids costs at the floor (a prompt of T ids, --gen 1):
     # the price of checking T - 1 guesses
-    for t in ${PASS_T:-1 2 4 8}; do
+    for t in ${PASS_T-1 2 4 8}; do
         for r in $(seq 1 "$RUNS"); do
             flock -x $LOCK "$BIN/k3-run" "$dir" --ids "$(seq -s, 201 $((200 + t)))" --gen 1 --ram floor --threads 2 \
                 --quiet --json >"$W/$m-pass$t-$r.json" 2>/dev/null || { echo "bench_spec: pass of $t failed"; exit 1; }
@@ -94,7 +95,7 @@ print("[%s pass] %s ids in one pass at the floor: %.3f s (min %.3f max %.3f)" % 
 EOF
     done
     [ "${PASS_ONLY:-0}" = 1 ] && continue
-    for p in rep non; do
+    for p in ${PROMPTS:-rep non}; do
         if [ $m = width ]; then
             if [ $p = rep ]; then set -- --ids "$REP_IDS"; else set -- --ids "$NON_IDS"; fi
         elif [ $m = live ]; then
