@@ -10,12 +10,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <cjson/cJSON.h>
 
 #include "k3_engine.h"
 #include "k3_gen.h"
 #include "k3_io.h"
 #include "k3_man.h"
+#include "k3_mem.h"
 #include "k3_model.h"
 #include "k3_pk.h"
 #include "k3_stream.h"
@@ -287,6 +290,45 @@ int k3_engine_mem_get(const k3_engine *en, k3_engine_mem *out, k3_err *e)
     return 0;
 }
 
+/* The weight files of a model directory (shards, trunk and expert files):
+ * what holding it resident reads into memory. */
+static uint64_t weight_file_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    uint64_t n = 0;
+    if (!d)
+        return 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        const char *x = strrchr(de->d_name, '.');
+        if (!x || (strcmp(x, ".safetensors") && strcmp(x, ".k3t") && strcmp(x, ".k3e")))
+            continue;
+        char p[8192];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+            n += (uint64_t)st.st_size;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Resident weights larger than the memory available would end in the
+ * kernel's OOM killer mid-load: refuse them before, naming the way out. */
+static int check_resident_memory(const k3_engine *en, k3_err *e)
+{
+    uint64_t avail;
+    const char *src;
+    const uint64_t need = weight_file_bytes(en->dir);
+    if (!need || k3_mem_available(&avail, &src) < 0 || need <= avail)
+        return 0;
+    const double G = 1073741824.0;
+    return k3_err_set(e, K3_EBUDGET,
+                      "%s: the weights are %llu bytes (%.2f GiB) and are held resident without --ram, more than the "
+                      "memory available: %llu bytes (%.2f GiB, %s); stream them with --ram floor or a budget%s",
+                      en->dir, (unsigned long long)need, need / G, (unsigned long long)avail, avail / G, src,
+                      has_manifest(en->dir) ? "" : " (after k3-convert: --ram needs a packed model)");
+}
+
 int k3_engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan **plan, k3_err *e)
 {
     if (plan)
@@ -320,6 +362,10 @@ int k3_engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan
             return rc;
         if (plan)
             *plan = &en->plan;
+    } else {
+        int rc = check_resident_memory(en, e);
+        if (rc < 0)
+            return rc;
     }
     en->planned = 1;
     return 0;

@@ -125,6 +125,25 @@ K3_TEST(run_refuses_a_plan_over_the_available_memory_with_exit_6)
     CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s --ids 1 --gen 1 --ram 1024T", pk), 6);
     CHECK_STR_CONTAINS(err, "more than the memory available");
     free(err);
+    /* resident (no --ram): weights over the memory are refused before the
+       load, upstream and packed, by k3-run and k3-serve, naming the way out */
+    const char *dirs[2] = {up, pk};
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT(k3t_runf(&out, &err, "K3_MEM_AVAILABLE=100000 k3-run %s --ids 1 --gen 1", dirs[i]), 6);
+        CHECK_STR_CONTAINS(err, "k3-run: error: ");
+        CHECK_STR_CONTAINS(err, dirs[i]);
+        CHECK_STR_CONTAINS(err, "held resident without --ram, more than the memory available: 100000 bytes");
+        CHECK_STR_CONTAINS(err, "--ram floor");
+        CHECK(!i == (strstr(err, "after k3-convert") != NULL));
+        CHECK_EQ_INT(count_lines(err), 1);
+        free(out);
+        free(err);
+        CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_MEM_AVAILABLE=100000 k3-serve %s --port 0", dirs[i]), 6);
+        CHECK_STR_CONTAINS(err, "held resident without --ram");
+        CHECK_EQ_INT(count_lines(err), 1);
+        free(err);
+    }
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "K3_MEM_AVAILABLE=2000000000 k3-run %s --ids 1 --gen 1", up), 0);
 }
 
 /* 1 if the text is one valid JSON value and valid UTF-8 throughout. */
