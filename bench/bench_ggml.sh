@@ -119,7 +119,12 @@ s = s.replace(proto, 'static ggml_backend_buffer_type_t k3_repack_buft(ggml_back
 perf = 'static std::vector<std::unique_ptr<test_case>> make_test_cases_perf() {\n    std::vector<std::unique_ptr<test_case>> test_cases;\n'
 assert perf in s, 'make_test_cases_perf not found'
 s = s.replace(perf, perf + '    if (getenv("K3_CASES")) {\n' + cases + '        return test_cases;\n    }\n', 1)
-open(path, 'w').write(s)
+try:
+    same = open(path).read() == s
+except FileNotFoundError:
+    same = False
+if not same:                         # unchanged cases: no rebuild
+    open(path, 'w').write(s)
 EOF
 
 B=$WORK/build
