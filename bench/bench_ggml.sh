@@ -19,14 +19,18 @@
 #     then repacked (mxfp4_8x8 on x86 AVX2 builds) and run by its gemm/gemv
 #     tiles. test-backend-ops alone never puts weights there.
 # test-backend-ops is built with GGML_NATIVE (ggml's default, its best CPU
-# path for this machine), CPU backend only, and runs with its default thread
+# path for this machine; ISA below), CPU backend only, and runs with its default thread
 # count (all cores). k3's bench runs the same products with 2 threads in its
 # "warm" mode (the same matrix every call, as ggml does); every CPU-heavy
 # step takes /tmp/k3-quiet.lock. ROUNDS (default 3) rounds alternate ggml
 # and k3; the table is the median of the rounds, GFLOP/s = 2 R C T / time.
 #
 # Environment: SHAPES (kind:RxC list, default the K3 shapes and ggml's
-# 4096x14336), TS (default 1 2 4 8 16 32 64), ROUNDS, JOBS (build, default 2).
+# 4096x14336), TS (default 1 2 4 8 16 32 64), ROUNDS, JOBS (build, default 2),
+# ISA: "native" (default: ggml's GGML_NATIVE build, k3's own choice of path)
+# or "avx2" (ggml built with GGML_NATIVE=OFF and AVX2 + FMA + F16C only, in
+# WORK/build-avx2, and k3 run with K3_ISA=avx2), so that both sides use the
+# same instructions on a CPU that also has AVX-512.
 set -eu
 [ $# -ge 1 ] || { echo "usage: bench/bench_ggml.sh GGML_SRC [WORK]" >&2; exit 2; }
 SRC=$1
@@ -35,6 +39,13 @@ SHAPES=${SHAPES:-"bf16:12288x7168 mxfp4:3072x3584 mxfp4:3584x3072 bf16:4096x1433
 TS=${TS:-"1 2 4 8 16 32 64"}
 ROUNDS=${ROUNDS:-3}
 JOBS=${JOBS:-2}
+ISA=${ISA:-native}
+case $ISA in
+native) B_SUFFIX=""; ISA_FLAGS="-DGGML_NATIVE=ON" ;;
+avx2) B_SUFFIX="-avx2"; export K3_ISA=avx2
+      ISA_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF" ;;
+*) echo "bench_ggml: ISA is native or avx2" >&2; exit 2 ;;
+esac
 K3=$(cd "$(dirname "$0")/.." && pwd)
 BENCH=$K3/bin/bench-bench_kernels
 LOCK="flock -x /tmp/k3-quiet.lock"
@@ -127,10 +138,10 @@ if not same:                         # unchanged cases: no rebuild
     open(path, 'w').write(s)
 EOF
 
-B=$WORK/build
+B=$WORK/build$B_SUFFIX
 if [ ! -x "$B/bin/test-backend-ops" ] || [ "$WORK/src/tests/test-backend-ops.cpp" -nt "$B/bin/test-backend-ops" ]; then
     cmake -S "$WORK/src" -B "$B" -DCMAKE_BUILD_TYPE=Release -DGGML_BUILD_TESTS=ON -DGGML_BUILD_EXAMPLES=OFF \
-        -DGGML_NATIVE=ON -DGGML_CPU_REPACK=ON -DGGML_OPENMP=ON >"$WORK/cmake.log" 2>&1 \
+        $ISA_FLAGS -DGGML_CPU_REPACK=ON -DGGML_OPENMP=ON >"$WORK/cmake.log" 2>&1 \
         || { echo "bench_ggml: cmake failed, see $WORK/cmake.log" >&2; exit 1; }
     $LOCK cmake --build "$B" --target test-backend-ops -j "$JOBS" >"$WORK/build.log" 2>&1 \
         || { echo "bench_ggml: build failed, see $WORK/build.log" >&2; exit 1; }
@@ -162,9 +173,9 @@ k3_round() {
     done
 }
 
-OUT=$WORK/rounds.txt
+OUT=$WORK/rounds$B_SUFFIX.txt
 : >"$OUT"
-echo "bench_ggml: ggml $(cd "$SRC" && git rev-parse --short HEAD 2>/dev/null || echo '(no git)'), k3 $(cd "$K3" && git rev-parse --short HEAD 2>/dev/null || echo '(no git)'); $(date -u '+%Y-%m-%d %H:%M UTC'); load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench_ggml: ISA $ISA; ggml $(cd "$SRC" && git rev-parse --short HEAD 2>/dev/null || echo '(no git)'), k3 $(cd "$K3" && git rev-parse --short HEAD 2>/dev/null || echo '(no git)'); $(date -u '+%Y-%m-%d %H:%M UTC'); load $(cut -d' ' -f1-3 /proc/loadavg)"
 "$BENCH" --version
 r=1
 while [ "$r" -le "$ROUNDS" ]; do

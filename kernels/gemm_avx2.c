@@ -242,8 +242,8 @@ static void mx_tile_1x2(const uint8_t *packed, const uint8_t *scales, uint64_t r
  * once); inside, slices of at most BTS vectors with the lanes of every output
  * of the slice parked in accb; inside, chunks of BCH groups (32 columns);
  * inside, blocks of at most BTB vectors (sizes balanced: 16 = 4 x 4, 7 = 4 + 3)
- * and for each block the panel's rows in tiles of R = 12 / TB (BP is a
- * multiple of every R; leftover rows run 1-row tiles). The first block of a
+ * and for each block the panel's rows in tiles of R = 12 / TB (6 at TB = 1;
+ * BP is a multiple of every R; leftover rows run 1-row tiles). The first block of a
  * chunk decodes the weights (bf16 / f16 widening, f32 load, MXFP4 lookup)
  * while it multiplies and stores them as exact f32 in wbuf, quarter-major
  * ([row][quarter][group][8]); the other blocks read them from there, so the
@@ -268,7 +268,7 @@ static void mx_tile_1x2(const uint8_t *packed, const uint8_t *scales, uint64_t r
 #define WB_ROW (4 * BCH * 8)             /* floats of one row in wbuf */
 
 /* The quarter-q weights of one group: DT < 0 decodes MXFP4 from the group's
- * 16 bytes at src (tab8 its scale's row), else 8 dense weights at src. */
+ * 16 bytes at src with the scale byte at sc, else 8 dense weights at src. */
 AI __m256 bq_weights(const uint8_t *src, const uint8_t *sc, int q, const int DT)
 {
     if (DT >= 0)
