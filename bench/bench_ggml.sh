@@ -184,7 +184,6 @@ while [ "$r" -le "$ROUNDS" ]; do
     echo "bench_ggml: round $r done, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     r=$((r + 1))
 done
-grep ' probe ' "$OUT" | sed 's/^[0-9]* probe /  /' | sort -u | head -8
 python3 - "$OUT" <<'EOF'
 import sys, statistics
 from collections import defaultdict
@@ -193,14 +192,28 @@ for line in open(sys.argv[1]):
     f = line.split()
     if len(f) == 6 and f[1] in ('ggml', 'k3'):
         v[(f[1], f[2], f[3], int(f[4]))].append(float(f[5]))
+import re
+fma, tri = [], []
+for line in open(sys.argv[1]):
+    m = re.search(r'probe fma peak, 2 threads: ([\d.]+) GFLOP/s \(([^,]*)', line)
+    if m:
+        fma.append(float(m.group(1))); width = m.group(2)
+    m = re.search(r'probe stream probe, 2 threads: triad ([\d.]+) GB/s', line)
+    if m:
+        tri.append(float(m.group(1)))
+peak = statistics.median(fma) if fma else 0
+if fma:
+    print('probes in the k3 runs, 2 threads: fma peak (%s) %.1f GFLOP/s median (%.1f-%.1f), triad %.1f GB/s (%.1f-%.1f)'
+          % (width, peak, min(fma), max(fma), statistics.median(tri), min(tri), max(tri)))
 med = {k: statistics.median(x) for k, x in v.items()}
-print('%-6s %-11s %3s %9s %9s %9s %7s %7s' % ('kind', 'shape', 'T', 'k3', 'ggml', 'ggml rp', 'k3/ggml', 'k3/rp'))
+print('%-6s %-11s %3s %9s %9s %9s %7s %7s %6s' % ('kind', 'shape', 'T', 'k3', 'ggml', 'ggml rp', 'k3/ggml', 'k3/rp', 'k3/fma'))
 for (who, kind, shape, t) in sorted(k for k in med if k[0] == 'k3'):
     k3 = med[(who, kind, shape, t)]
     g = med.get(('ggml', kind, shape, t))
     gr = med.get(('ggml', kind + 'r', shape, t))
     fmt = lambda x: '%9.1f' % x if x else '%9s' % '-'
     rat = lambda x: '%7.2f' % (k3 / x) if x else '%7s' % '-'
-    print('%-6s %-11s %3d %s %s %s %s %s' % (kind, shape, t, fmt(k3), fmt(g), fmt(gr), rat(g), rat(gr)))
+    print('%-6s %-11s %3d %s %s %s %s %s %6.2f' % (kind, shape, t, fmt(k3), fmt(g), fmt(gr), rat(g), rat(gr),
+                                                  k3 / peak if peak else 0))
 print('(GFLOP/s, medians of %d rounds; rp: ggml with its weights repacked)' % max(len(x) for x in v.values()))
 EOF
