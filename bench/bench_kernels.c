@@ -2,21 +2,31 @@
  * bench_kernels.c - the products at the real K3 shapes, against the memory
  * bandwidth measured in the same run.
  *
- * For every shape, thread count (1, 2) and batch T (1, 4, 16, 64) it reports
- * the median time of several calls, the weight bytes per second, GFLOP/s
- * (2 * rows * cols * T per call) and the ratio of the weight rate to the
- * STREAM-style probes run first in the same process: a triad a = b + s*c
- * (counted as 3 arrays, the STREAM convention) and a read-only sum (what a
- * weight stream can at best reach). "cold" calls cycle through copies of the
- * matrix that together are several times the last-level cache, so every call
- * reads its weights from DRAM; "hot" calls repeat one slice of rows small
- * enough to stay in each core's L2, which shows the compute ceiling.
+ * For every shape, thread count (1, 2) and batch T (1, 2, 4, 8, 16, 32, 64)
+ * it reports the median time of several calls, the weight bytes per second,
+ * GFLOP/s (2 * rows * cols * T per call) and two ratios measured in the same
+ * process: the weight rate over STREAM-style probes run first (a triad
+ * a = b + s*c, counted as 3 arrays, the STREAM convention, and a read-only
+ * sum, what a weight stream can at best reach), and GFLOP/s over the f32 FMA
+ * peak of the vector width the kernels use (a register-only loop of 12
+ * independent FMA chains per thread, the products' own ceiling since they
+ * keep f32 activations). "cold" calls cycle through copies of the matrix
+ * that together are several times the last-level cache, so every call reads
+ * its weights from DRAM; "warm" calls repeat the whole matrix (what ggml's
+ * test-backend-ops does; a matrix that fits the last-level cache stays
+ * there); "hot" calls repeat one slice of rows small enough to stay in each
+ * core's L2, which shows the compute ceiling.
  *
  * F32 and F16 weights (trunk tensors some exporters ship, kept as stored)
  * run at the router shape (896 x 7168, F32 in such checkpoints) and at a
  * KDA projection shape, next to bf16 at the same shapes.
  *
- *   bench-bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx|f32|f16] [--shape RxC] [--version]
+ *   bench-bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx|f32|f16] [--shape RxC]
+ *                       [--mode cold|warm|hot] [--threads 1|2] [--ts 1,2,4,...] [--version]
+ *
+ * --shape takes any RxC (ggml's 4096x14336 too): the built-in shapes of that
+ * size, or else that shape for every kind --only allows (MXFP4: C a multiple
+ * of 32). Defaults: cold and hot, 1 and 2 threads, all seven T.
  */
 #include "k3_io.h"
 #include "k3_kern.h"
@@ -219,6 +229,99 @@ static struct stream_bw stream_measure(int threads, uint64_t mib)
     return bw;
 }
 
+/* ---- f32 FMA peak ---------------------------------------------------------- */
+
+/* 12 independent chains of n FMAs per thread, registers only; returns flops.
+ * 12 chains cover two pipes of up to 6 cycles' latency. */
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma")))
+static double fma_loop_avx2(uint64_t n, float *sink)
+{
+    __m256 a[12], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm256_set1_ps((float)i);
+    for (uint64_t k = 0; k < n; k++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm256_fmadd_ps(a[i], m, c);
+    for (int i = 1; i < 12; i++)
+        a[0] = _mm256_add_ps(a[0], a[i]);
+    *sink = _mm256_cvtss_f32(a[0]);
+    return 12.0 * 16.0 * (double)n;
+}
+
+__attribute__((target("avx512f")))
+static double fma_loop_avx512(uint64_t n, float *sink)
+{
+    __m512 a[12], m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm512_set1_ps((float)i);
+    for (uint64_t k = 0; k < n; k++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm512_fmadd_ps(a[i], m, c);
+    for (int i = 1; i < 12; i++)
+        a[0] = _mm512_add_ps(a[0], a[i]);
+    *sink = _mm512_reduce_add_ps(a[0]);
+    return 12.0 * 32.0 * (double)n;
+}
+#elif defined(__aarch64__)
+static double fma_loop_neon(uint64_t n, float *sink)
+{
+    float32x4_t a[12], m = vdupq_n_f32(0.999999f), c = vdupq_n_f32(1e-7f);
+    for (int i = 0; i < 12; i++)
+        a[i] = vdupq_n_f32((float)i);
+    for (uint64_t k = 0; k < n; k++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = vfmaq_f32(c, a[i], m);
+    for (int i = 1; i < 12; i++)
+        a[0] = vaddq_f32(a[0], a[i]);
+    *sink = vaddvq_f32(a[0]);
+    return 12.0 * 8.0 * (double)n;
+}
+#endif
+
+/* GFLOP/s of the FMA loop of the width the kernels use (name in *what), on
+ * `threads` threads at once, median of 5; 0 if no vector path is built. */
+static double fma_peak(int threads, const char **what)
+{
+    const char *k = k3_kern_name();
+    double (*loop)(uint64_t, float *) = NULL;
+#if defined(__x86_64__)
+    int zmm = !strncmp(k, "avx512", 6);
+    loop = zmm ? fma_loop_avx512 : fma_loop_avx2;
+    *what = zmm ? "avx512 zmm" : "avx2 ymm";
+    if (!zmm && !k3_kern_supported("avx2"))
+        loop = NULL;
+#elif defined(__aarch64__)
+    loop = fma_loop_neon;
+    *what = "neon q";
+#endif
+    if (!loop) {
+        *what = "none";
+        return 0;
+    }
+    omp_set_num_threads(threads);
+    double g[5];
+    float sink = 0;
+    for (int r = -1; r < 5; r++) {
+        double flops = 0, t0 = now();
+#pragma omp parallel reduction(+ : flops)
+        {
+            float s1;
+            flops += loop(r < 0 ? 1000000 : 20000000, &s1);
+#pragma omp critical
+            sink += s1;
+        }
+        if (r >= 0)
+            g[r] = flops / (now() - t0) / 1e9;
+    }
+    if (sink == 12345.0f)
+        fprintf(stderr, "%g\n", sink);
+    return median(g, 5);
+}
+
 /* ---- products ------------------------------------------------------------- */
 
 enum { W_BF16 = 0, W_MX, W_F32, W_F16 };
@@ -236,6 +339,7 @@ static const struct shape shapes[] = {
     {W_F32, 12288, 7168}, {W_F32, 896, 7168}, {W_F16, 12288, 7168}, {W_F16, 896, 7168},
 };
 #define NSHAPES (sizeof shapes / sizeof *shapes)
+#define MAX_TS 16
 
 static uint64_t weight_bytes(const struct shape *s, uint64_t rows)
 {
@@ -257,33 +361,145 @@ static void call(const struct shape *s, const uint8_t *w, uint64_t rows, const f
         k3_gemm_bf16((const uint16_t *)w, rows, s->cols, X, T, Y);
 }
 
+/* Random finite weights of the shape's type in each of `copies` copies. */
+static void fill_weights(const struct shape *s, uint8_t *pool, uint64_t copies, uint64_t stride)
+{
+    for (uint64_t k = 0; k < copies; k++) {
+        uint8_t *w = pool + k * stride;
+        fill_random(w, stride, 0x1234567 + k);
+        if (s->mx == W_MX) {
+            uint8_t *sc = w + s->rows * s->cols / 2;
+            for (uint64_t i = 0; i < s->rows * s->cols / 32; i++)
+                sc[i] = (uint8_t)(118 + sc[i] % 12);
+        } else if (s->mx == W_F32) {
+            float *f = (float *)w;
+            for (uint64_t i = 0; i < s->rows * s->cols; i++) {   /* finite, |x| < 2 */
+                uint32_t u;
+                memcpy(&u, &f[i], 4);
+                f[i] = (float)(u >> 8) * 0x1p-23f - 1.0f;
+            }
+        } else if (s->mx == W_F16) {
+            uint16_t *h = (uint16_t *)w;
+            for (uint64_t i = 0; i < s->rows * s->cols; i++)     /* finite, |x| < 4 */
+                h[i] = (uint16_t)((h[i] & 0x83ff) | (0x3000 + ((h[i] >> 10) & 0x3) * 0x400));
+        } else {
+            uint16_t *h = (uint16_t *)w;
+            for (uint64_t i = 0; i < s->rows * s->cols; i++)     /* finite, |x| < 4 */
+                h[i] = (uint16_t)((h[i] & 0x807f) | (0x3c00 + ((h[i] >> 7) & 0x3) * 0x80));
+        }
+    }
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx|f32|f16] [--shape RxC]\n"
+                    "                     [--mode cold|warm|hot] [--threads 1|2] [--ts 1,2,4,...] [--version]\n");
+    return 2;
+}
+
+/* "RxC" with both in 1..2^20 */
+static int parse_shape(const char *a, uint64_t *r, uint64_t *c)
+{
+    char buf[48];
+    const char *x = strchr(a, 'x');
+    if (!x || (size_t)(x - a) >= sizeof buf)
+        return -1;
+    memcpy(buf, a, (size_t)(x - a));
+    buf[x - a] = '\0';
+    return parse_u64(buf, 1, 1u << 20, r) || parse_u64(x + 1, 1, 1u << 20, c) ? -1 : 0;
+}
+
+/* "1,2,4" into Ts (each 1..1024, at most MAX_TS) */
+static int parse_ts(const char *a, uint32_t *Ts, size_t *n)
+{
+    char buf[128];
+    if (strlen(a) >= sizeof buf)
+        return -1;
+    strcpy(buf, a);
+    *n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        uint64_t v;
+        if (*n == MAX_TS || parse_u64(tok, 1, 1024, &v))
+            return -1;
+        Ts[(*n)++] = (uint32_t)v;
+    }
+    return *n ? 0 : -1;
+}
+
 int main(int argc, char **argv)
 {
-    uint64_t runs = 7, pool_mib = 1024;
-    const char *only = NULL, *only_shape = NULL;
+    uint64_t runs = 7, pool_mib = 1024, sr = 0, sc = 0;
+    const char *only = NULL;
+    int modes = 1 | 4, th_lo = 1, th_hi = 2;               /* mode bits: 1 cold, 2 warm, 4 hot */
+    uint32_t Ts[MAX_TS] = {1, 2, 4, 8, 16, 32, 64};
+    size_t nts = 7;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--version")) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--version")) {
             printf("bench_kernels (kernels: %s)\n", k3_kern_name());
             return 0;
-        } else if (!strcmp(argv[i], "--runs") && i + 1 < argc) {
-            if (parse_u64(argv[++i], 3, 1000, &runs)) {
+        }
+        if (!v)
+            return usage();
+        i++;
+        if (!strcmp(a, "--runs")) {
+            if (parse_u64(v, 3, 1000, &runs)) {
                 fprintf(stderr, "bench_kernels: error: --runs wants 3..1000\n");
                 return 2;
             }
-        } else if (!strcmp(argv[i], "--pool-mib") && i + 1 < argc) {
-            if (parse_u64(argv[++i], 64, 65536, &pool_mib)) {
+        } else if (!strcmp(a, "--pool-mib")) {
+            if (parse_u64(v, 64, 65536, &pool_mib)) {
                 fprintf(stderr, "bench_kernels: error: --pool-mib wants 64..65536\n");
                 return 2;
             }
-        } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
-            only = argv[++i];
-        } else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
-            only_shape = argv[++i];
+        } else if (!strcmp(a, "--only")) {
+            only = v;
+        } else if (!strcmp(a, "--shape")) {
+            if (parse_shape(v, &sr, &sc)) {
+                fprintf(stderr, "bench_kernels: error: --shape wants RxC, e.g. 4096x14336\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--mode")) {
+            modes = !strcmp(v, "cold") ? 1 : !strcmp(v, "warm") ? 2 : !strcmp(v, "hot") ? 4 : 0;
+            if (!modes) {
+                fprintf(stderr, "bench_kernels: error: --mode wants cold, warm or hot\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--threads")) {
+            uint64_t t;
+            if (parse_u64(v, 1, 2, &t)) {
+                fprintf(stderr, "bench_kernels: error: --threads wants 1 or 2\n");
+                return 2;
+            }
+            th_lo = th_hi = (int)t;
+        } else if (!strcmp(a, "--ts")) {
+            if (parse_ts(v, Ts, &nts)) {
+                fprintf(stderr, "bench_kernels: error: --ts wants a list like 1,16,64 (1..1024, at most %d)\n", MAX_TS);
+                return 2;
+            }
         } else {
-            fprintf(stderr, "usage: bench_kernels [--runs N] [--pool-mib N] [--only bf16|mx|f32|f16] [--shape RxC] [--version]\n");
-            return 2;
+            return usage();
         }
     }
+    /* the shapes to run: built-ins (of --shape's size, if given), else the
+     * given shape for every kind --only allows */
+    struct shape run[NSHAPES + 4];
+    size_t nrun = 0;
+    for (size_t i = 0; i < NSHAPES; i++)
+        if ((!only || !strcmp(only, kind_opt[shapes[i].mx])) && (!sr || (shapes[i].rows == sr && shapes[i].cols == sc)))
+            run[nrun++] = shapes[i];
+    if (sr && !nrun)
+        for (int k = 0; k < 4; k++)
+            if ((!only || !strcmp(only, kind_opt[k])) && (k != W_MX || sc % 32 == 0))
+                run[nrun++] = (struct shape){k, sr, sc};
+    if (!nrun) {
+        fprintf(stderr, "bench_kernels: error: nothing to run (--only names bf16, mx, f32 or f16; MXFP4 wants C %% 32 == 0)\n");
+        return 2;
+    }
+    uint32_t maxT = 1;
+    for (size_t i = 0; i < nts; i++)
+        maxT = Ts[i] > maxT ? Ts[i] : maxT;
+
     k3_kern_init();
     if (k3_kern_emulated())
         printf("EMULATED: this build runs under user-mode emulation on a %s host: every figure below\n"
@@ -297,7 +513,11 @@ int main(int argc, char **argv)
     printf("OMP_WAIT_POLICY=%s\n", wait && *wait ? wait : "(unset: workers spin a while between calls)");
 
     struct stream_bw bw[3];
-    for (int th = 1; th <= 2; th++) {
+    double peak[3] = {0};
+    for (int th = th_lo; th <= th_hi; th++) {
+        const char *what;
+        peak[th] = fma_peak(th, &what);
+        printf("fma peak, %d thread%s: %.1f GFLOP/s (%s, f32, registers only)\n", th, th > 1 ? "s" : "", peak[th], what);
         bw[th] = stream_measure(th, 256);
         if (th == 1)
             printf("stream probe, 1 thread: triad %.1f GB/s, read %.1f GB/s (wall); "
@@ -308,68 +528,40 @@ int main(int argc, char **argv)
                    th, bw[th].triad, bw[th].read);
     }
     printf("\nwall: median wall-clock ms (min-max), GB/s of weights, GFLOP/s, ratio of GB/s to\n"
-           "the wall triad / read probes; cpu (1 thread only): the same from the thread's\n"
-           "CPU time against the cpu-time probes (what the kernel does while it has the core)\n\n");
-    printf("%-5s %-10s %-4s %2s %3s %9s %17s %7s %7s %5s %5s | %8s %7s %7s %5s %5s\n", "kind",
-           "shape", "mode", "th", "T", "ms", "(min-max)", "GB/s", "GFLOP/s", "/trd", "/read",
+           "the wall triad / read probes, ratio of GFLOP/s to the fma peak of as many threads;\n"
+           "cpu (1 thread only): the same from the thread's CPU time against the cpu-time probes\n\n");
+    printf("%-5s %-10s %-4s %2s %3s %9s %17s %7s %7s %5s %5s %5s | %8s %7s %7s %5s %5s\n", "kind",
+           "shape", "mode", "th", "T", "ms", "(min-max)", "GB/s", "GFLOP/s", "/trd", "/read", "/fma",
            "cpu ms", "GB/s", "GFLOP/s", "/trd", "/read");
 
-    static const uint32_t Ts[] = {1, 4, 16, 64};
-    /* cold medians kept for the summary: [shape][threads-1][T index] */
-    double cold_wall[NSHAPES][2][4] = {{{0}}}, cold_cpu[NSHAPES][2][4] = {{{0}}};
+    /* medians kept for the summary: [shape][mode][threads-1][T index] */
+    static double med_wall[NSHAPES + 4][3][2][MAX_TS];
     double *times = malloc(runs * sizeof *times), *cpus = malloc(runs * sizeof *cpus);
-    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-        const struct shape *s = &shapes[si];
-        if (only && strcmp(only, kind_opt[s->mx]))
-            continue;
-        char sname[48];
-        snprintf(sname, sizeof sname, "%llux%llu", (unsigned long long)s->rows, (unsigned long long)s->cols);
-        if (only_shape && strcmp(only_shape, sname))
-            continue;
+    for (size_t si = 0; si < nrun; si++) {
+        const struct shape *s = &run[si];
         uint64_t bytes = weight_bytes(s, s->rows);
         uint64_t stride = (bytes + 4095) / 4096 * 4096;
-        uint64_t copies = pool_mib * (1ull << 20) / stride;
+        uint64_t copies = modes & 1 ? pool_mib * (1ull << 20) / stride : 1;
         if (copies < 2)
             copies = 2;
         uint8_t *pool = k3_io_huge_alloc(copies * stride);
-        float *X = k3_io_alloc_aligned(64 * s->cols * sizeof(float), 64);
-        float *Y = k3_io_alloc_aligned(64 * s->rows * sizeof(float), 64);
+        float *X = k3_io_alloc_aligned((uint64_t)maxT * s->cols * sizeof(float), 64);
+        float *Y = k3_io_alloc_aligned((uint64_t)maxT * s->rows * sizeof(float), 64);
         if (!pool || !X || !Y) {
             fprintf(stderr, "bench_kernels: error: cannot allocate %llu copies of %llu bytes\n",
                     (unsigned long long)copies, (unsigned long long)stride);
             return 6;
         }
-        for (uint64_t k = 0; k < copies; k++) {
-            uint8_t *w = pool + k * stride;
-            fill_random(w, stride, 0x1234567 + k);
-            if (s->mx == W_MX) {
-                uint8_t *sc = w + s->rows * s->cols / 2;
-                for (uint64_t i = 0; i < s->rows * s->cols / 32; i++)
-                    sc[i] = (uint8_t)(118 + sc[i] % 12);
-            } else if (s->mx == W_F32) {
-                float *f = (float *)w;
-                for (uint64_t i = 0; i < s->rows * s->cols; i++) {   /* finite, |x| < 2 */
-                    uint32_t u;
-                    memcpy(&u, &f[i], 4);
-                    f[i] = (float)(u >> 8) * 0x1p-23f - 1.0f;
-                }
-            } else if (s->mx == W_F16) {
-                uint16_t *h = (uint16_t *)w;
-                for (uint64_t i = 0; i < s->rows * s->cols; i++)     /* finite, |x| < 4 */
-                    h[i] = (uint16_t)((h[i] & 0x83ff) | (0x3000 + ((h[i] >> 10) & 0x3) * 0x400));
-            } else {
-                uint16_t *h = (uint16_t *)w;
-                for (uint64_t i = 0; i < s->rows * s->cols; i++)     /* finite, |x| < 4 */
-                    h[i] = (uint16_t)((h[i] & 0x807f) | (0x3c00 + ((h[i] >> 7) & 0x3) * 0x80));
-            }
-        }
-        for (uint64_t i = 0; i < 64 * s->cols; i++)
+        fill_weights(s, pool, copies, stride);
+        for (uint64_t i = 0; i < (uint64_t)maxT * s->cols; i++)
             X[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
-        char name[32];
-        snprintf(name, sizeof name, "%llux%llu", (unsigned long long)s->rows,
-                 (unsigned long long)s->cols);
-        for (int hot = 0; hot <= 1; hot++) {
-            for (int th = 1; th <= 2; th++) {
+        char name[48];
+        snprintf(name, sizeof name, "%llux%llu", (unsigned long long)s->rows, (unsigned long long)s->cols);
+        for (int mode = 0; mode < 3; mode++) {
+            if (!(modes & (1 << mode)))
+                continue;
+            int hot = mode == 2;
+            for (int th = th_lo; th <= th_hi; th++) {
                 omp_set_num_threads(th);
                 /* hot: about 1 MiB of weights per thread, repeated */
                 uint64_t rows = s->rows;
@@ -377,20 +569,18 @@ int main(int argc, char **argv)
                     uint64_t per_row = weight_bytes(s, 1);
                     rows = (1ull << 20) / per_row * (uint64_t)th;
                     rows = rows / 32 * 32;
-                    if (rows > s->rows)
+                    if (rows > s->rows || rows == 0)
                         rows = s->rows;
+                    /* a contiguous slice with its scales right after it */
+                    if (s->mx == W_MX)
+                        memmove(pool + rows * s->cols / 2, pool + s->rows * s->cols / 2, rows * s->cols / 32);
                 }
-                for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+                for (size_t ti = 0; ti < nts; ti++) {
                     uint32_t T = Ts[ti];
-                    /* hot mode wants a contiguous slice with scales after it */
-                    uint8_t *hot_w = pool;
-                    if (hot && s->mx == W_MX)
-                        memmove(pool + rows * s->cols / 2, pool + s->rows * s->cols / 2,
-                                rows * s->cols / 32);
-                    uint64_t next = 0;
-                    call(s, hot ? hot_w : pool + (next++ % copies) * stride, rows, X, T, Y);
+                    uint64_t next = 0, ncopy = mode == 0 ? copies : 1;
+                    call(s, pool + (next++ % ncopy) * stride, rows, X, T, Y);
                     for (uint64_t k = 0; k < runs; k++) {
-                        const uint8_t *w = hot ? hot_w : pool + (next++ % copies) * stride;
+                        const uint8_t *w = pool + (next++ % ncopy) * stride;
                         double t0 = now(), c0 = cpu_now();
                         call(s, w, rows, X, T, Y);
                         times[k] = now() - t0;
@@ -401,18 +591,17 @@ int main(int argc, char **argv)
                     double flop = 2.0 * (double)rows * (double)s->cols * T;
                     char mm[40];
                     snprintf(mm, sizeof mm, "(%.3f-%.3f)", times[0] * 1e3, times[runs - 1] * 1e3);
-                    if (!hot) {
-                        cold_wall[si][th - 1][ti] = med;
-                        cold_cpu[si][th - 1][ti] = cmed;
-                    }
-                    printf("%-5s %-10s %-4s %2d %3u %9.3f %17s %7.1f %7.1f %5.2f %5.2f | ",
-                           kind_name[s->mx], name, hot ? "hot" : "cold", th, T, med * 1e3,
-                           mm, wb / med / 1e9, flop / med / 1e9, hot ? 0.0 : wb / med / 1e9 / bw[th].triad,
-                           hot ? 0.0 : wb / med / 1e9 / bw[th].read);
+                    med_wall[si][mode][th - 1][ti] = med;
+                    int mem = mode == 0;            /* the stream ratios mean something */
+                    printf("%-5s %-10s %-4s %2d %3u %9.3f %17s %7.1f %7.1f %5.2f %5.2f %5.2f | ",
+                           kind_name[s->mx], name, mode == 0 ? "cold" : mode == 1 ? "warm" : "hot", th, T,
+                           med * 1e3, mm, wb / med / 1e9, flop / med / 1e9,
+                           mem ? wb / med / 1e9 / bw[th].triad : 0.0, mem ? wb / med / 1e9 / bw[th].read : 0.0,
+                           peak[th] > 0 ? flop / med / 1e9 / peak[th] : 0.0);
                     if (th == 1)
                         printf("%8.3f %7.1f %7.1f %5.2f %5.2f\n", cmed * 1e3, wb / cmed / 1e9,
-                               flop / cmed / 1e9, hot ? 0.0 : wb / cmed / 1e9 / bw[th].triad_cpu,
-                               hot ? 0.0 : wb / cmed / 1e9 / bw[th].read_cpu);
+                               flop / cmed / 1e9, mem ? wb / cmed / 1e9 / bw[th].triad_cpu : 0.0,
+                               mem ? wb / cmed / 1e9 / bw[th].read_cpu : 0.0);
                     else
                         printf("%8s %7s %7s %5s %5s\n", "-", "-", "-", "-", "-");
                     fflush(stdout);
@@ -423,29 +612,30 @@ int main(int argc, char **argv)
         k3_io_free_aligned(X);
         k3_io_free_aligned(Y);
     }
-    printf("\nsummary (cold): T=1 weight GB/s over the triad probe, and the time of T=16\n"
-           "and T=64 over the time of T=1 (wall | cpu, 1 thread only)\n");
-    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-        const struct shape *s = &shapes[si];
-        if (only && strcmp(only, kind_opt[s->mx]))
-            continue;
-        char sname[48];
-        snprintf(sname, sizeof sname, "%llux%llu", (unsigned long long)s->rows, (unsigned long long)s->cols);
-        if (only_shape && strcmp(only_shape, sname))
-            continue;
-        for (int th = 1; th <= 2; th++) {
-            double wb = (double)weight_bytes(s, s->rows);
-            double w1 = cold_wall[si][th - 1][0], c1 = cold_cpu[si][th - 1][0];
-            printf("%-5s %5llux%-5llu %d thread%s: ", kind_name[s->mx],
-                   (unsigned long long)s->rows, (unsigned long long)s->cols, th, th > 1 ? "s" : " ");
-            if (th == 1)
-                printf("T=1 %.2f | %.2f of triad;  T=16 %.1fx | %.1fx;  T=64 %.1fx | %.1fx\n",
-                       wb / w1 / 1e9 / bw[th].triad, wb / c1 / 1e9 / bw[th].triad_cpu,
-                       cold_wall[si][th - 1][2] / w1, cold_cpu[si][th - 1][2] / c1,
-                       cold_wall[si][th - 1][3] / w1, cold_cpu[si][th - 1][3] / c1);
-            else
-                printf("T=1 %.2f of triad;  T=16 %.1fx;  T=64 %.1fx\n", wb / w1 / 1e9 / bw[th].triad,
-                       cold_wall[si][th - 1][2] / w1, cold_wall[si][th - 1][3] / w1);
+    printf("\nsummary (wall): T=1 weight GB/s over the triad probe (cold), and GFLOP/s over\n"
+           "the fma peak of as many threads for every T\n");
+    static const char *const mname[] = {"cold", "warm", "hot"};
+    for (size_t si = 0; si < nrun; si++) {
+        const struct shape *s = &run[si];
+        for (int mode = 0; mode < 3; mode++) {
+            if (!(modes & (1 << mode)))
+                continue;
+            for (int th = th_lo; th <= th_hi; th++) {
+                printf("%-5s %5llux%-5llu %-4s %d thread%s:", kind_name[s->mx], (unsigned long long)s->rows,
+                       (unsigned long long)s->cols, mname[mode], th, th > 1 ? "s" : " ");
+                if (mode == 0 && Ts[0] == 1)
+                    printf(" T=1 %.2f of triad;", (double)weight_bytes(s, s->rows) / med_wall[si][0][th - 1][0] / 1e9 / bw[th].triad);
+                uint64_t rows = s->rows;
+                if (mode == 2) {
+                    rows = (1ull << 20) / weight_bytes(s, 1) * (uint64_t)th / 32 * 32;
+                    if (rows > s->rows || rows == 0)
+                        rows = s->rows;
+                }
+                for (size_t ti = 0; ti < nts; ti++)
+                    printf(" T=%u %.2f", Ts[ti], peak[th] > 0 ? 2.0 * (double)rows * (double)s->cols * Ts[ti] /
+                                                                  med_wall[si][mode][th - 1][ti] / 1e9 / peak[th] : 0.0);
+                printf("\n");
+            }
         }
     }
     free(times);
