@@ -38,6 +38,7 @@
 #include "k3_spec.h"
 #include "k3_stream.h"
 #include "k3_tok.h"
+#include "probe.h"
 #include "run_trunk.h"
 
 #define MAX_PROMPT_BYTES (64ull << 20)
@@ -75,6 +76,9 @@ static void usage(FILE *f)
             "                         default: the budget a k3-pack layout records, else\n"
             "                         everything resident\n"
             "  --plan                 with --ram: print the memory plan and exit\n"
+            "  --probe                with --plan: measure this machine's reads (on the model's\n"
+            "                         files) and products, and predict prompt and decode\n"
+            "                         s/token at the floor, this budget and larger ones\n"
             "  --trace FILE           with --ram: write every expert request to FILE\n"
             "  --ram-piece SIZE       with --ram: stream the weight matrices larger than SIZE\n"
             "                         in row pieces of at most SIZE (default 16M; 0: whole\n"
@@ -281,7 +285,7 @@ int main(int argc, char **argv)
     int force = 0;
     const char *ram_arg = NULL, *trace_path = NULL;
     uint64_t ram = 0;
-    int plan_only = 0, trunk_crc = 1, version = 0;
+    int plan_only = 0, probe = 0, trunk_crc = 1, version = 0;
     uint64_t piece = K3_STREAM_PIECE_DEFAULT;
     k3_io_fault_reset();
 
@@ -371,6 +375,8 @@ int main(int argc, char **argv)
             trunk_crc = 0;
         } else if (!strcmp(a, "--plan")) {
             plan_only = 1;
+        } else if (!strcmp(a, "--probe")) {
+            probe = 1;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--quiet")) {
@@ -421,6 +427,8 @@ int main(int argc, char **argv)
         return die(K3_EARG, "--tokenize and --detokenize exclude each other");
     if ((state_save || state_load) && (logits_all_path || tokenize || detokenize))
         return die(K3_EARG, "--state-save and --state-load go with a run of the model, without --logits-all");
+    if (probe && !plan_only)
+        return die(K3_EARG, "--probe goes with --plan");
     if ((plan_only || trace_path) && !ram_arg)
         return die(K3_EARG, "--plan and --trace need --ram");
 
@@ -575,6 +583,8 @@ int main(int argc, char **argv)
                 (unsigned long long)mem.seq_kv, (unsigned long long)mem.seq_scores, mem.max_ctx);
         fprintf(stderr, "k3-run:   sequences      %u planned; the budget admits at most %u of %u tokens each\n",
                 mem.planned_seqs, mem.max_seqs, mem.max_ctx);
+        if (plan_only && probe)
+            rc = k3_probe_print(model_dir, &eo, &sz, plan, ram_arg, stderr, "k3-run: ", &e);
         if (plan_only)
             goto out;
         if (!info.direct)

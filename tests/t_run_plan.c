@@ -31,3 +31,31 @@ K3_TEST(run_uses_the_budget_a_pack_layout_records_by_default)
     free(err);
     CHECK_EQ_INT(k3t_runf(NULL, NULL, "cmp %s/a.f32 %s/b.f32 && cmp %s/a.f32 %s/c.f32", d, d, d, d), 0);
 }
+
+/* --plan --probe measures the reads and products and prints a prediction for
+ * the floor, the budget asked and everything resident; --probe alone is a
+ * usage error. */
+K3_TEST(run_plan_probe_predicts_every_budget_it_can_hold)
+{
+    char up[4096], pk[4096], *out = NULL, *err = NULL;
+    snprintf(up, sizeof up, "%s/up", k3t_tmpdir());
+    snprintf(pk, sizeof pk, "%s/pk", k3t_tmpdir());
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth %s --preset tiny --quiet && k3-convert --quiet %s %s", up, up, pk), 0);
+    CHECK_EQ_INT(k3t_runf(&out, &err, "k3-run %s --ids 1,2,3 --ram floor --plan --probe", pk), 0);
+    CHECK_STR_EQ(out, "");
+    CHECK_STR_CONTAINS(err, "k3-run: probe (");
+    CHECK_STR_CONTAINS(err, "GB/s trunk");
+    CHECK_STR_CONTAINS(err, "O_DIRECT");
+    CHECK_STR_CONTAINS(err, "predicted s/token");
+    CHECK_STR_CONTAINS(err, "floor (this budget)");
+    CHECK_STR_CONTAINS(err, "resident");
+    free(out);
+    free(err);
+    CHECK_EQ_INT(k3t_runf(&out, &err, "k3-run %s --ids 1,2,3 --ram 64M --plan --probe", pk), 0);
+    CHECK_STR_CONTAINS(err, "this budget");
+    free(out);
+    free(err);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s --ids 1,2,3 --ram floor --probe", pk), 2);
+    CHECK_STR_CONTAINS(err, "--probe goes with --plan");
+    free(err);
+}

@@ -1,0 +1,463 @@
+/*
+ * probe.c - what this machine reads and computes, and the speed a memory plan
+ * should give (probe.h).
+ *
+ * Reads: the model's own trunk files, sequentially in 2 MiB requests (up to
+ * 1 GiB), and its expert files, one record at a time at random places (up to
+ * 512 MiB), four requests in flight, with O_DIRECT so that the page cache
+ * neither helps nor hides the device. Kernels: a bf16 and an MXFP4 product of
+ * 8192 (bf16) and 16384 (MXFP4) rows by the model's hidden size, for T = 1
+ * ... 64 vectors, with the threads the run will use, over copies of the
+ * matrix filling 192 MiB or more, so that the weights come from memory, as
+ * streamed weights do (about 250 MB while it runs).
+ *
+ * The prediction adds, per pass over the weights: the plan's streamed trunk
+ * bytes at the trunk rate and the expert records it misses at the expert
+ * rate (reads), and every weight byte the pass multiplies at the kernels'
+ * seconds per byte for its row count (compute). A decode pass is one id; a
+ * prompt pass is a chunk, whose experts are the union of what its ids route
+ * to (E (1 - (1 - k/E)^C) per MoE layer for C ids routed independently). The
+ * expert cache is taken to hit in proportion to its share of all records
+ * (uniform routing; a trained model's skew makes it hit more).
+ */
+#include "probe.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "k3_engine.h"
+#include "k3_io.h"
+#include "k3_kern.h"
+
+#define PROBE_CHUNK (2u << 20)
+#define PROBE_TRUNK_MAX (1ull << 30)
+#define PROBE_EXPERT_MAX (512ull << 20)
+#define PROBE_ROWS 8192u           /* bf16: 8192 x hidden (117 MB at K3 width); MXFP4 twice the rows */
+#define PROBE_POOL (192ull << 20)
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t mix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+typedef struct pfile {
+    int fd;
+    uint64_t size;
+} pfile;
+
+/* The files of dir ending in ext, opened for reading (O_DIRECT if it can). */
+static int open_files(const char *dir, const char *ext, pfile **out, uint32_t *n, int *direct, k3_err *e)
+{
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return k3_err_sys(e, K3_EIO, errno, "%s: cannot list", dir);
+    int rc = 0;
+    uint32_t cap = 0;
+    for (struct dirent *de; rc == 0 && (de = readdir(d));) {
+        const char *x = strrchr(de->d_name, '.');
+        if (!x || strcmp(x, ext))
+            continue;
+        char path[8192];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        int fd = open(path, O_RDONLY | O_DIRECT);
+        if (fd < 0 && errno == EINVAL) {   /* a filesystem without O_DIRECT: buffered, cache dropped */
+            fd = open(path, O_RDONLY);
+            *direct = 0;
+            if (fd >= 0)
+                posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        }
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) < 0) {
+            rc = k3_err_sys(e, K3_EIO, errno, "%s: cannot open", path);
+            if (fd >= 0)
+                close(fd);
+            break;
+        }
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 8;
+            pfile *t = realloc(*out, cap * sizeof *t);
+            if (!t) {
+                close(fd);
+                rc = k3_err_set(e, K3_ENOMEM, "out of memory probing %s", dir);
+                break;
+            }
+            *out = t;
+        }
+        (*out)[(*n)++] = (pfile){fd, (uint64_t)st.st_size};
+    }
+    closedir(d);
+    return rc;
+}
+
+static void close_files(pfile *f, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        close(f[i].fd);
+    free(f);
+}
+
+typedef struct preq {
+    int fd;
+    uint64_t off, len;
+} preq;
+
+typedef struct rjob {
+    const preq *q;
+    uint32_t n, tid;
+    uint8_t *buf;
+    uint64_t bytes;
+    int err;
+} rjob;
+
+static void *read_main(void *arg)
+{
+    rjob *j = arg;
+    for (uint32_t i = j->tid; i < j->n && !j->err; i += 4) {
+        ssize_t r = pread(j->q[i].fd, j->buf, j->q[i].len, (off_t)j->q[i].off);
+        if (r < 0)
+            j->err = errno;
+        else
+            j->bytes += (uint64_t)r;
+    }
+    return NULL;
+}
+
+/* Read every request, four in flight (a thread each); bytes/s, or -1 with e set. */
+static double read_all(const preq *q, uint32_t n, uint64_t buf_bytes, k3_err *e)
+{
+    rjob j[4];
+    pthread_t th[4];
+    int started = 0, err = 0;
+    memset(j, 0, sizeof j);
+    /* huge pages, as the runtime's read arenas: a DMA into 4 KiB pages costs
+       the kernel a page walk per page */
+    for (int i = 0; i < 4; i++)
+        if (!(j[i].buf = k3_io_huge_alloc(buf_bytes))) {
+            for (int k = 0; k < i; k++)
+                k3_io_huge_free(j[k].buf, buf_bytes);
+            k3_err_set(e, K3_ENOMEM, "out of memory for the read probe");
+            return -1;
+        }
+    const double t0 = now_s();
+    for (int i = 0; i < 4; i++) {
+        j[i].q = q, j[i].n = n, j[i].tid = (uint32_t)i;
+        if (pthread_create(&th[i], NULL, read_main, &j[i]) != 0)
+            break;
+        started++;
+    }
+    uint64_t total = 0;
+    for (int i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+        total += j[i].bytes;
+        err = err ? err : j[i].err;
+    }
+    const double dt = now_s() - t0;
+    for (int i = 0; i < 4; i++)
+        k3_io_huge_free(j[i].buf, buf_bytes);
+    if (started < 4) {
+        k3_err_set(e, K3_ENOMEM, "cannot start the read probe's threads");
+        return -1;
+    }
+    if (err) {
+        k3_err_sys(e, K3_EIO, err, "the read probe failed");
+        return -1;
+    }
+    return dt > 0 ? (double)total / dt : 0;
+}
+
+static int probe_reads(const char *dir, const k3_cfg *c, k3_probe *p, k3_err *e)
+{
+    pfile *tf = NULL, *xf = NULL;
+    uint32_t nt = 0, nx = 0;
+    p->direct = 1;
+    int rc = open_files(dir, ".k3t", &tf, &nt, &p->direct, e);
+    if (rc == 0)
+        rc = open_files(dir, ".k3e", &xf, &nx, &p->direct, e);
+    preq *q = NULL;
+    uint64_t tbytes = 0, xbytes = 0;
+    for (uint32_t i = 0; i < nt; i++)
+        tbytes += tf[i].size;
+    for (uint32_t i = 0; i < nx; i++)
+        xbytes += xf[i].size;
+    if (rc == 0 && (!nt || !tbytes))
+        rc = k3_err_set(e, K3_ENOENT, "%s: no trunk files (.k3t) to probe: --probe needs a packed model", dir);
+    const uint32_t n_moe = c->num_hidden_layers > c->first_k_dense_replace
+                               ? c->num_hidden_layers - c->first_k_dense_replace : 0;
+    const uint64_t recs = (uint64_t)n_moe * c->num_experts;
+    p->rec_bytes = recs && xbytes ? xbytes / recs : 0;
+    /* the trunk: sequential 2 MiB requests, up to 1 GiB */
+    uint32_t n = 0;
+    if (rc == 0) {
+        const uint32_t max = (uint32_t)(PROBE_TRUNK_MAX / PROBE_CHUNK);
+        q = malloc((uint64_t)max * sizeof *q);
+        if (!q)
+            rc = k3_err_set(e, K3_ENOMEM, "out of memory for the read probe");
+        for (uint32_t f = 0; rc == 0 && f < nt && n < max; f++)
+            for (uint64_t off = 0; off + PROBE_CHUNK <= tf[f].size && n < max; off += PROBE_CHUNK)
+                q[n++] = (preq){tf[f].fd, off, PROBE_CHUNK};
+        if (rc == 0 && n == 0)   /* trunk files smaller than a request: read them whole */
+            for (uint32_t f = 0; f < nt && n < max; f++)
+                q[n++] = (preq){tf[f].fd, 0, (tf[f].size + 4095) & ~4095ull};
+    }
+    if (rc == 0) {
+        uint64_t big = 0;
+        for (uint32_t i = 0; i < n; i++)
+            big = q[i].len > big ? q[i].len : big;
+        double r = read_all(q, n, big, e);
+        rc = r < 0 ? K3_EIO : 0;
+        p->trunk_bps = r;
+        for (uint32_t i = 0; i < n; i++)
+            p->trunk_read += q[i].len;
+    }
+    /* the experts: whole records at random places, up to 512 MiB */
+    if (rc == 0 && nx && p->rec_bytes >= 4096) {
+        const uint64_t len = (p->rec_bytes + 4095) & ~4095ull;
+        uint64_t cnt = PROBE_EXPERT_MAX / len;
+        cnt = cnt < 8 ? 8 : cnt > 4096 ? 4096 : cnt;
+        preq *x = realloc(q, cnt * sizeof *x);
+        if (!x)
+            rc = k3_err_set(e, K3_ENOMEM, "out of memory for the read probe");
+        else {
+            q = x;
+            uint64_t s = 0x6b3;
+            n = 0;
+            for (uint64_t i = 0; i < cnt; i++) {
+                const pfile *f = &xf[mix(&s) % nx];
+                if (f->size < len)
+                    continue;
+                uint64_t off = (mix(&s) % (f->size - len + 1)) & ~4095ull;
+                q[n++] = (preq){f->fd, off, len};
+            }
+            double r = n ? read_all(q, n, len, e) : 0;
+            rc = r < 0 ? K3_EIO : 0;
+            p->expert_bps = r;
+            p->expert_read = (uint64_t)n * len;
+        }
+    }
+    if (p->expert_bps <= 0)
+        p->expert_bps = p->trunk_bps;   /* no experts to read: the trunk's rate stands in */
+    free(q);
+    close_files(tf, nt);
+    close_files(xf, nx);
+    return rc;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Seconds per weight byte of a product of T rows: median of 5 calls, each on
+ * the next copy of the matrix. */
+static double time_product(int mx, const uint8_t *pool, uint64_t bytes, uint32_t copies, uint64_t rows,
+                           uint64_t cols, const float *X, uint32_t T, float *Y)
+{
+    double t[5];
+    for (int r = -1; r < 5; r++) {   /* one call first: threads up, pages in */
+        const uint8_t *w = pool + (uint64_t)((r + 1) % copies) * bytes;
+        double t0 = now_s();
+        if (mx)
+            k3_gemm_mx(w, w + rows * cols / 2, rows, cols, X, T, Y);
+        else
+            k3_gemm_bf16((const uint16_t *)w, rows, cols, X, T, Y);
+        if (r >= 0)
+            t[r] = now_s() - t0;
+    }
+    qsort(t, 5, sizeof *t, cmp_d);
+    return t[2] / (double)bytes;
+}
+
+static int probe_kernels(const k3_cfg *c, k3_probe *p, k3_err *e)
+{
+    const uint64_t rows = PROBE_ROWS, mrows = 2 * PROBE_ROWS, cols = c->hidden_size >= 32 ? c->hidden_size / 32 * 32 : 32;
+    const uint64_t bb = rows * cols * 2, mb = mrows * cols / 2 + mrows * cols / 32;
+    const uint32_t cb = (uint32_t)(PROBE_POOL / bb + 1), cm = (uint32_t)(PROBE_POOL / mb + 1);
+    uint8_t *pool = malloc(PROBE_POOL + bb + mb);
+    float *X = malloc(64 * cols * sizeof *X), *Y = malloc(64 * mrows * sizeof *Y);
+    if (!pool || !X || !Y) {
+        free(pool), free(X), free(Y);
+        return k3_err_set(e, K3_ENOMEM, "out of memory for the kernel probe");
+    }
+    uint64_t s = 0x51;
+    for (uint64_t i = 0; i < 64 * cols; i++)
+        X[i] = (float)((int64_t)(mix(&s) >> 40) - (1 << 23)) / (float)(1 << 23);
+    /* bf16 weights in [-1, 1): sign, exponent 120..126, random mantissa */
+    for (uint64_t i = 0; i + 1 < (uint64_t)cb * bb; i += 2) {
+        uint64_t r = mix(&s);
+        uint16_t v = (uint16_t)((r & 0x807f) | (uint16_t)((120 + r % 7) << 7));
+        memcpy(pool + i, &v, 2);
+    }
+    for (int i = 0; i < K3_PROBE_NT; i++)
+        p->bf16_s[i] = time_product(0, pool, bb, cb, rows, cols, X, 1u << i, Y);
+    /* MXFP4: random nibbles, scale bytes 120..126 (no denormal, no 255) */
+    for (uint32_t k = 0; k < cm; k++) {
+        uint8_t *w = pool + (uint64_t)k * mb;
+        for (uint64_t i = 0; i < mrows * cols / 2; i++)
+            w[i] = (uint8_t)mix(&s);
+        for (uint64_t i = 0; i < mrows * cols / 32; i++)
+            w[mrows * cols / 2 + i] = (uint8_t)(120 + mix(&s) % 7);
+    }
+    for (int i = 0; i < K3_PROBE_NT; i++)
+        p->mx_s[i] = time_product(1, pool, mb, cm, mrows, cols, X, 1u << i, Y);
+    free(pool);
+    free(X);
+    free(Y);
+    return 0;
+}
+
+int k3_probe_run(const char *dir, const k3_cfg *c, k3_probe *p, k3_err *e)
+{
+    memset(p, 0, sizeof *p);
+    const double t0 = now_s();
+    int rc = probe_reads(dir, c, p, e);
+    if (rc == 0)
+        rc = probe_kernels(c, p, e);
+    p->seconds = now_s() - t0;
+    return rc;
+}
+
+/* Seconds per byte at T rows, between the measured powers of two. */
+static double per_byte(const double *s, double T)
+{
+    if (T <= 1)
+        return s[0];
+    double l = log2(T);
+    if (l >= K3_PROBE_NT - 1)
+        return s[K3_PROBE_NT - 1] * T / 64.0;   /* beyond 64 rows: the time grows with T */
+    int i = (int)l;
+    double f = l - i;
+    return s[i] * pow(s[i + 1] / s[i], f);
+}
+
+void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *plan, uint32_t chunk,
+                      k3_probe_pred *out)
+{
+    memset(out, 0, sizeof *out);
+    const double n_moe = c->num_hidden_layers > c->first_k_dense_replace
+                             ? c->num_hidden_layers - c->first_k_dense_replace : 0;
+    const double E = c->num_experts, k = c->num_experts_per_token, rec = (double)p->rec_bytes;
+    const double all = n_moe * E;
+    const double hit = all > 0 ? fmin(1.0, plan->expert_slots / all) : 1;
+    const double trunk_read = (double)plan->trunk_streamed / p->trunk_bps;
+    /* decode: one id */
+    out->decode_io = trunk_read + (p->expert_bps > 0 ? n_moe * k * (1 - hit) * rec / p->expert_bps : 0);
+    out->decode_compute = (double)plan->trunk_total * per_byte(p->bf16_s, 1) + n_moe * k * rec * per_byte(p->mx_s, 1);
+    out->decode_s = out->decode_io + out->decode_compute;
+    /* prompt: a chunk of C ids, experts for their union */
+    const double C = chunk ? chunk : 1;
+    const double u = E > 0 ? E * (1 - pow(1 - k / E, C)) : 0;
+    const double rows_per_expert = u > 0 ? C * k / u : 1;
+    const double io = trunk_read + (p->expert_bps > 0 ? n_moe * u * (1 - hit) * rec / p->expert_bps : 0);
+    const double comp = (double)plan->trunk_total * per_byte(p->bf16_s, C) +
+                        n_moe * u * rec * per_byte(p->mx_s, rows_per_expert);
+    out->prompt_io = io / C;
+    out->prompt_compute = comp / C;
+    out->prompt_s = out->prompt_io + out->prompt_compute;
+}
+
+static void print_row(FILE *f, const char *pre, const char *name, const k3_probe *p, const k3_cfg *c,
+                      const k3_stream_plan *pl, uint32_t chunk)
+{
+    k3_probe_pred q;
+    k3_probe_predict(p, c, pl, chunk, &q);
+    fprintf(f, "%s  %-20s %9.2f GiB %10.3f %-8s %10.3f %-8s\n", pre, name, pl->budget / 1073741824.0, q.prompt_s,
+            q.prompt_io > q.prompt_compute ? "disk" : "compute", q.decode_s,
+            q.decode_io > q.decode_compute ? "disk" : "memory");
+}
+
+int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_size *sz, const k3_stream_plan *given,
+                   const char *given_ram, FILE *f, const char *pre, k3_err *e)
+{
+    /* the plans first: each measures the process's memory, which the probe's
+       buffers would inflate */
+    static const char *const ram[] = {"floor", "4G", "16G", "64G", "256G", "resident"};
+    enum { NB = sizeof ram / sizeof *ram };
+    k3_stream_plan plans[NB];
+    int ok[NB] = {0};
+    k3_engine_opts o = *eo;
+    o.trace_path = NULL;
+    k3_cfg c;
+    int have_cfg = 0;
+    for (uint32_t i = 0; i < NB; i++) {
+        k3_engine *b = NULL;
+        const k3_stream_plan *pl = NULL;
+        k3_err be = {0};
+        o.ram = ram[i];
+        if (k3_engine_open(&b, dir, &o, &be) == 0 && k3_engine_plan(b, sz, &pl, &be) == 0 && pl) {
+            plans[i] = *pl;
+            ok[i] = 1;
+            if (!have_cfg) {
+                c = *k3_engine_cfg(b);
+                have_cfg = 1;
+            }
+        }
+        k3_engine_close(b);   /* a budget this machine or model cannot take is left out */
+    }
+    if (!have_cfg)
+        return k3_err_set(e, K3_EBUDGET, "%s: no budget this machine can hold to predict", dir);
+    k3_probe p;
+    int rc = k3_probe_run(dir, &c, &p, e);
+    if (rc < 0)
+        return rc;
+    const double G = 1e9;
+    const uint64_t len = (p.rec_bytes + 4095) & ~4095ull;
+    fprintf(f, "%sprobe (%.1f s): reads %.2f GB/s trunk (%llu MiB in 2 MiB requests), %.2f GB/s experts (%llu "
+               "records of %.3f MiB at random places)%s\n",
+            pre, p.seconds, p.trunk_bps / G, (unsigned long long)(p.trunk_read >> 20), p.expert_bps / G,
+            (unsigned long long)(len ? p.expert_read / len : 0), p.rec_bytes / 1048576.0,
+            p.direct ? ", O_DIRECT" : ", buffered (no O_DIRECT here)");
+    fprintf(f, "%sprobe: products of 8192 (bf16) and 16384 (MXFP4) rows, %d threads: bf16 %.1f GB/s of weights at T = 1, %.1f GFLOP/s at "
+               "T = 64; MXFP4 %.1f GB/s at T = 1, %.1f GFLOP/s at T = 64\n",
+            pre, omp_get_max_threads(), 1 / p.bf16_s[0] / G, 64.0 / p.bf16_s[6] / G, 1 / p.mx_s[0] / G,
+            2.0 * 64 * 32 / 17 / p.mx_s[6] / G);
+    const uint32_t chunk = o.max_chunk ? o.max_chunk : 64;
+    fprintf(f, "%spredicted s/token (reads + compute, not overlapped; the larger is the bound), prompts in "
+               "chunks of %u:\n", pre, chunk);
+    fprintf(f, "%s  %-20s %13s %10s %-8s %10s %-8s\n", pre, "budget", "", "prompt", "bound", "decode", "bound");
+    /* the budget asked: a preset is its row; a size goes in its place */
+    int shown = !given;
+    for (uint32_t i = 0; given && given_ram && i < NB; i++)
+        if (!strcmp(given_ram, ram[i]) && (i == 0 || i == NB - 1)) {
+            plans[i] = *given;
+            ok[i] = 2;
+            shown = 1;
+        }
+    const uint64_t resident = ok[NB - 1] ? plans[NB - 1].budget : UINT64_MAX;
+    for (uint32_t i = 0; i < NB; i++) {
+        if (!ok[i] || (i > 0 && i < NB - 1 && (plans[i].budget >= resident || plans[i].budget <= plans[0].budget)))
+            continue;
+        if (!shown && given->budget <= plans[i].budget) {
+            print_row(f, pre, "this budget", &p, &c, given, chunk);
+            shown = 1;
+        }
+        char name[40];
+        snprintf(name, sizeof name, "%s%s", ram[i], ok[i] == 2 ? " (this budget)" : "");
+        print_row(f, pre, name, &p, &c, &plans[i], chunk);
+    }
+    if (!shown)
+        print_row(f, pre, "this budget", &p, &c, given, chunk);
+    return 0;
+}
