@@ -271,6 +271,34 @@ static int plan_stream(k3_engine *en, k3_err *e)
     }
 }
 
+/* chunk_auto: the longest pass the budget holds, of 256, 128 and max_chunk
+ * rows. Not for the floor or a k3-pack layout (both were sized for the
+ * given chunk). The bits do not depend on it: a chunk of T ids gives the
+ * bits of T single steps. */
+static int plan_chunk(k3_engine *en, k3_err *e)
+{
+    static const uint32_t longer[] = {256, 128};
+    if (!en->o.chunk_auto || en->from_layout || en->budget == K3_STREAM_FLOOR || en->budget == K3_STREAM_DOUBLE)
+        return plan_stream(en, e);
+    const k3_engine_size sz0 = en->sz;
+    const k3_stream_opts so0 = en->so;
+    for (size_t i = 0; i < sizeof longer / sizeof *longer; i++) {
+        if (longer[i] <= en->o.max_chunk)
+            break;
+        en->sz = sz0;
+        en->so = so0;
+        en->so.max_chunk = longer[i];
+        k3_err te = {0};
+        if (plan_stream(en, &te) == 0 && k3_stream_plan_check_memory(&en->plan, &te) == 0) {
+            en->o.max_chunk = longer[i];
+            return 0;
+        }
+    }
+    en->sz = sz0;
+    en->so = so0;
+    return plan_stream(en, e);
+}
+
 int k3_engine_mem_get(const k3_engine *en, k3_engine_mem *out, k3_err *e)
 {
     memset(out, 0, sizeof *out);
@@ -355,7 +383,7 @@ int k3_engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan
         so->trunk_crc = en->o.trunk_crc;
         so->piece_bytes = en->o.piece_bytes;
         so->extra_bytes = en->sz.extra_bytes;
-        int rc = plan_stream(en, e);
+        int rc = plan_chunk(en, e);
         if (rc == 0)
             rc = k3_stream_plan_check_memory(&en->plan, e);   /* before anything big is mapped */
         if (rc < 0)

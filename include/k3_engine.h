@@ -74,6 +74,10 @@ typedef struct k3_engine_opts {
     const char *ram;
     uint32_t threads;          /* compute threads (0: all cores); process-wide */
     uint32_t max_chunk;        /* rows (tokens of all a step's sequences) per pass (0: 64) */
+    int chunk_auto;            /* streamed within a size budget: the largest of 256, 128
+                                * and max_chunk rows per pass the budget holds (the trunk
+                                * is read once per pass: a longer chunk reads less per
+                                * prompt token); k3_engine_get_info says which */
     uint64_t piece_bytes;      /* streamed matrices in row pieces of at most this
                                 * (K3_STREAM_PIECE_DEFAULT; 0: whole layers) */
     int trunk_crc;             /* CRC-check streamed trunk units (default 1) */

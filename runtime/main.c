@@ -63,7 +63,8 @@ static void usage(FILE *f)
             "  --top-k K              keep the K most likely ids (0 = all, default)\n"
             "  --top-p P              keep the smallest set with probability >= P (default 1)\n"
             "  --seed S               sampler seed (default 0): same seed, same tokens\n"
-            "  --chunk N              prompt tokens per forward step (default 64)\n"
+            "  --chunk N              prompt tokens per forward step (default 64; with --ram\n"
+            "                         SIZE the longest of 256, 128, 64 the budget holds)\n"
             "  --spec ngram[:K]       speculative decoding: guess up to K ids (default 8) by\n"
             "                         n-gram lookup in the prompt and output, check them in one\n"
             "                         pass; the output is identical to decoding without it\n"
@@ -279,6 +280,7 @@ int main(int argc, char **argv)
     const char *model_dir = NULL, *prompt = NULL, *prompt_file = NULL, *ids_arg = NULL, *tok_dir = NULL;
     const char *logits_path = NULL, *logits_all_path = NULL, *logits_gen_path = NULL, *spec_arg = NULL;
     uint64_t gen = 64, chunk = 64, threads = 0, top_k = 0, seed = 0;
+    int chunk_given = 0;
     double temperature = 0.0, top_p = 1.0;
     int json = 0, tokenize = 0, detokenize = 0, progress_mode = K3_PROGRESS_AUTO;
     const char *state_save = NULL, *state_load = NULL;
@@ -332,6 +334,7 @@ int main(int argc, char **argv)
             if (k3_cli_parse_u64(v, 0, 1u << 24, &gen))
                 return dief(K3_EARG, "--gen: '%s' is not a count from 0 to 16777216", v);
         } else if (!strcmp(a, "--chunk")) {
+            chunk_given = 1;
             NEEDV();
             if (k3_cli_parse_u64(v, 1, 1u << 16, &chunk))
                 return dief(K3_EARG, "--chunk: '%s' is not a count from 1 to 65536", v);
@@ -531,6 +534,7 @@ int main(int argc, char **argv)
     k3_engine_opts_init(&eo);
     eo.ram = ram_arg;
     eo.max_chunk = (uint32_t)chunk;
+    eo.chunk_auto = !chunk_given;
     eo.piece_bytes = piece;
     eo.trunk_crc = trunk_crc;
     eo.trace_path = trace_path;
@@ -573,6 +577,9 @@ int main(int argc, char **argv)
             goto out;
         run.plan = *plan;
         k3_stream_plan_print(plan, stderr, "k3-run: ");
+        chunk = info.max_chunk;
+        fprintf(stderr, "k3-run:   chunk          %9u ids per pass%s\n", info.max_chunk,
+                chunk_given ? " (--chunk)" : eo.chunk_auto && info.max_chunk > 64 ? " (the longest the budget holds)" : "");
         k3_engine_mem mem;
         if ((rc = k3_engine_mem_get(en, &mem, &e)) < 0)
             goto out;

@@ -5,6 +5,7 @@
 #include "k3_test.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 K3_TEST(run_uses_the_budget_a_pack_layout_records_by_default)
 {
@@ -58,4 +59,34 @@ K3_TEST(run_plan_probe_predicts_every_budget_it_can_hold)
     CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s --ids 1,2,3 --ram floor --probe", pk), 2);
     CHECK_STR_CONTAINS(err, "--probe goes with --plan");
     free(err);
+}
+
+/* Without --chunk a size budget takes the longest pass it holds (256 ids
+ * here), the floor keeps 64, --chunk wins; the logits are the same bits. */
+K3_TEST(run_chunk_is_chosen_from_the_budget_with_the_same_bits)
+{
+    char up[4096], pk[4096], *err = NULL, *out = NULL;
+    const char *t = k3t_tmpdir();
+    snprintf(up, sizeof up, "%s/up", t);
+    snprintf(pk, sizeof pk, "%s/pk", t);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth %s --preset tiny --quiet && k3-convert --quiet %s %s", up, up, pk), 0);
+    char ids[2048] = "";
+    for (int i = 1; i <= 300; i++)
+        snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", i > 1 ? "," : "", i % 500);
+    static const struct { const char *args; int chunk; } c[] = {
+        {"--ram 1G", 256}, {"--ram floor", 64}, {"--ram 1G --chunk 16", 16}, {"--ram 1G --chunk 64", 64}};
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        CHECK_EQ_INT(k3t_runf(&out, &err, "k3-run %s --ids %s --gen 4 %s --json --logits-all %s/l%zu", pk, ids,
+                              c[i].args, t, i),
+                     0);
+        char want[64];
+        snprintf(want, sizeof want, "\"chunk\":%d", c[i].chunk);
+        CHECK_STR_CONTAINS(out, want);
+        snprintf(want, sizeof want, "chunk          %9d ids per pass", c[i].chunk);
+        CHECK_STR_CONTAINS(err, want);
+        free(out);
+        free(err);
+        if (i)
+            CHECK_EQ_INT(k3t_runf(NULL, NULL, "cmp %s/l0 %s/l%zu", t, t, i), 0);
+    }
 }
