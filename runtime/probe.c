@@ -383,19 +383,20 @@ static void print_row(FILE *f, const char *pre, const char *name, const k3_probe
 {
     k3_probe_pred q;
     k3_probe_predict(p, c, pl, chunk, &q);
-    fprintf(f, "%s  %-20s %9.2f GiB %10.3f %-8s %10.3f %-8s\n", pre, name, pl->budget / 1073741824.0, q.prompt_s,
+    fprintf(f, "%s  %-20s %9.2f GiB %5u %10.3f %-8s %10.3f %-8s\n", pre, name, pl->budget / 1073741824.0, chunk, q.prompt_s,
             q.prompt_io > q.prompt_compute ? "disk" : "compute", q.decode_s,
             q.decode_io > q.decode_compute ? "disk" : "memory");
 }
 
 int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_size *sz, const k3_stream_plan *given,
-                   const char *given_ram, FILE *f, const char *pre, k3_err *e)
+                   const char *given_ram, uint32_t given_chunk, FILE *f, const char *pre, k3_err *e)
 {
     /* the plans first: each measures the process's memory, which the probe's
        buffers would inflate */
     static const char *const ram[] = {"floor", "4G", "16G", "64G", "256G", "resident"};
     enum { NB = sizeof ram / sizeof *ram };
     k3_stream_plan plans[NB];
+    uint32_t chunks[NB];
     int ok[NB] = {0};
     k3_engine_opts o = *eo;
     o.trace_path = NULL;
@@ -407,7 +408,10 @@ int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_si
         k3_err be = {0};
         o.ram = ram[i];
         if (k3_engine_open(&b, dir, &o, &be) == 0 && k3_engine_plan(b, sz, &pl, &be) == 0 && pl) {
+            k3_engine_info inf;
+            k3_engine_get_info(b, &inf);
             plans[i] = *pl;
+            chunks[i] = inf.max_chunk;
             ok[i] = 1;
             if (!have_cfg) {
                 c = *k3_engine_cfg(b);
@@ -433,15 +437,16 @@ int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_si
                "T = 64; MXFP4 %.1f GB/s at T = 1, %.1f GFLOP/s at T = 64\n",
             pre, omp_get_max_threads(), 1 / p.bf16_s[0] / G, 64.0 / p.bf16_s[6] / G, 1 / p.mx_s[0] / G,
             2.0 * 64 * 32 / 17 / p.mx_s[6] / G);
-    const uint32_t chunk = o.max_chunk ? o.max_chunk : 64;
     fprintf(f, "%spredicted s/token (reads + compute, not overlapped; the larger is the bound), prompts in "
-               "chunks of %u:\n", pre, chunk);
-    fprintf(f, "%s  %-20s %13s %10s %-8s %10s %-8s\n", pre, "budget", "", "prompt", "bound", "decode", "bound");
+               "the chunk each budget takes:\n", pre);
+    fprintf(f, "%s  %-20s %13s %5s %10s %-8s %10s %-8s\n", pre, "budget", "", "chunk", "prompt", "bound", "decode",
+            "bound");
     /* the budget asked: a preset is its row; a size goes in its place */
     int shown = !given;
     for (uint32_t i = 0; given && given_ram && i < NB; i++)
         if (!strcmp(given_ram, ram[i]) && (i == 0 || i == NB - 1)) {
             plans[i] = *given;
+            chunks[i] = given_chunk;
             ok[i] = 2;
             shown = 1;
         }
@@ -450,14 +455,14 @@ int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_si
         if (!ok[i] || (i > 0 && i < NB - 1 && (plans[i].budget >= resident || plans[i].budget <= plans[0].budget)))
             continue;
         if (!shown && given->budget <= plans[i].budget) {
-            print_row(f, pre, "this budget", &p, &c, given, chunk);
+            print_row(f, pre, "this budget", &p, &c, given, given_chunk);
             shown = 1;
         }
         char name[40];
         snprintf(name, sizeof name, "%s%s", ram[i], ok[i] == 2 ? " (this budget)" : "");
-        print_row(f, pre, name, &p, &c, &plans[i], chunk);
+        print_row(f, pre, name, &p, &c, &plans[i], chunks[i]);
     }
     if (!shown)
-        print_row(f, pre, "this budget", &p, &c, given, chunk);
+        print_row(f, pre, "this budget", &p, &c, given, given_chunk);
     return 0;
 }

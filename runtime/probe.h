@@ -48,6 +48,6 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
  * the plan asked (given, made for --ram given_ram), 4, 16, 64, 256 GiB and everything
  * resident (the budgets this model and machine can take, below resident). */
 int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_size *sz, const k3_stream_plan *given,
-                   const char *given_ram, FILE *f, const char *pre, k3_err *e);
+                   const char *given_ram, uint32_t given_chunk, FILE *f, const char *pre, k3_err *e);
 
 #endif
