@@ -69,6 +69,14 @@ void k3_out_init(const char *tool)
             close(n);
         }
     }
+    /* Off a terminal, one buffer for all a tool prints between checks (help,
+     * a JSON object): a write that fails inside stdio's own flush leaves
+     * only the error flag, not its errno, and "disk full" must be told as
+     * such (exit 8), not as an I/O error. Streamed text is checked, and so
+     * flushed, after every piece anyway. */
+    static char buf[1 << 20];
+    if (!done && !isatty(1))
+        setvbuf(stdout, buf, _IOFBF, sizeof buf);
     if (!done && atexit(at_exit) == 0)
         done = 1;
 }
