@@ -123,6 +123,35 @@ int k3t_http(const k3t_server *s, const char *path, const char *body, const char
     return status;
 }
 
+void k3t_http_all(const k3t_server *s, int n, const char *const *path, char *const *body, char **resp)
+{
+    static int counter;
+    const char *t = k3t_tmpdir();
+    const int c = counter++;
+    size_t cap = 512 + (size_t)n * 256, at = 0;
+    char *cmd = malloc(cap);
+    CHECK(cmd != NULL);
+    at += (size_t)snprintf(cmd, cap, "cd '%s'; ", t);
+    for (int i = 0; i < n; i++) {
+        char f[4200];
+        snprintf(f, sizeof f, "%s/all%d-%d.json", t, c, i);
+        FILE *fp = fopen(f, "wb");
+        CHECK(fp && fputs(body[i], fp) >= 0 && fclose(fp) == 0);
+        at += (size_t)snprintf(cmd + at, cap - at,
+                               "curl -sS -N --max-time 600 -o all%d-%d.out -H 'Content-Type: application/json' "
+                               "--data-binary @all%d-%d.json http://127.0.0.1:%d%s & ",
+                               c, i, c, i, s->port, path[i]);
+    }
+    snprintf(cmd + at, cap - at, "wait");
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "%s", cmd), 0);
+    free(cmd);
+    for (int i = 0; i < n; i++) {
+        char f[4200];
+        snprintf(f, sizeof f, "%s/all%d-%d.out", t, c, i);
+        resp[i] = slurp_path(f);
+    }
+}
+
 static char *dup_str(const cJSON *v) { return cJSON_IsString(v) ? strdup(v->valuestring) : NULL; }
 
 char *k3t_resp_text(const char *body, char **reasoning, char **finish)

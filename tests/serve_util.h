@@ -39,6 +39,9 @@ char *k3t_sse_text(const char *body, char **reasoning, char **finish, int *done,
 /* The body without its "id" and "created" values (heap), to compare
  * responses of different requests. */
 char *k3t_resp_strip(const char *body);
+/* POST body[i] to path[i] for i < n, all at once (one shell, n curls in the
+ * background): resp[i] the bodies received (heap). */
+void k3t_http_all(const k3t_server *s, int n, const char *const *path, char *const *body, char **resp);
 /* A value from /metrics (-1 if absent). */
 double k3t_metric(const k3t_server *s, const char *name);
 

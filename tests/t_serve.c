@@ -284,7 +284,6 @@ K3_TEST_TIMEOUT(serve_parallel_auto_admits_what_the_budget_holds, 120)
 K3_TEST_TIMEOUT(serve_16_concurrent_clients_each_get_their_solo_answer_within_ram, 600)
 {
     const char *m = tiny("pk", 1);
-    const char *tmp = k3t_tmpdir();
     char args[256];
     snprintf(args, sizeof args, "--ram floor --parallel %d --queue 64 --ctx 1024 --chunk 16", NCONC);
     k3t_server s;
@@ -328,25 +327,10 @@ K3_TEST_TIMEOUT(serve_16_concurrent_clients_each_get_their_solo_answer_within_ra
         solo[i] = resp;
     }
     /* all at once: one shell, sixteen curls in the background */
-    char cmd[65536];
-    int at = snprintf(cmd, sizeof cmd, "cd %s; ", tmp);
+    char *all[NCONC];
+    k3t_http_all(&s, NCONC, path, body, all);
     for (int i = 0; i < NCONC; i++) {
-        char f[4200];
-        snprintf(f, sizeof f, "%s/conc%d.json", tmp, i);
-        FILE *fp = fopen(f, "w");
-        CHECK(fp && fputs(body[i], fp) >= 0 && fclose(fp) == 0);
-        at += snprintf(cmd + at, sizeof cmd - (size_t)at,
-                       "curl -sS -N --max-time 600 -o out%d -H 'Content-Type: application/json' --data-binary "
-                       "@conc%d.json http://127.0.0.1:%d%s & ",
-                       i, i, s.port, path[i]);
-    }
-    snprintf(cmd + at, sizeof cmd - (size_t)at, "wait");
-    CHECK_EQ_INT(k3t_runf(NULL, NULL, "%s", cmd), 0);
-    for (int i = 0; i < NCONC; i++) {
-        char f[4200];
-        snprintf(f, sizeof f, "%s/out%d", tmp, i);
-        char *got = NULL;
-        CHECK_EQ_INT(k3t_runf(&got, NULL, "cat %s", f), 0);
+        char *got = all[i];
         int streamed = strstr(body[i], "\"stream\":true") != NULL;
         char *a, *b;
         if (streamed) {

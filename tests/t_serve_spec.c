@@ -49,7 +49,6 @@ static char *answer(const char *body, int streamed)
 
 static void spec_round(const char *model, const char *args)
 {
-    const char *tmp = k3t_tmpdir();
     k3t_server s;
     k3t_serve_start(&s, model, args);
     static const char *const prompts[] = {
@@ -90,23 +89,10 @@ static void spec_round(const char *model, const char *args)
     }
     CHECK_EQ_INT((int)k3t_metric(&s, "k3_spec_passes_total"), 0);
     /* all at once, speculating (the server's default) */
-    char cmd[32768];
-    int at = snprintf(cmd, sizeof cmd, "cd %s; ", tmp);
+    char *all[NSPEC];
+    k3t_http_all(&s, NSPEC, path, body, all);
     for (int i = 0; i < NSPEC; i++) {
-        char f[4200];
-        snprintf(f, sizeof f, "%s/spec%d.json", tmp, i);
-        FILE *fp = fopen(f, "w");
-        CHECK(fp && fputs(body[i], fp) >= 0 && fclose(fp) == 0);
-        at += snprintf(cmd + at, sizeof cmd - (size_t)at,
-                       "curl -sS -N --max-time 300 -o sout%d -H 'Content-Type: application/json' --data-binary "
-                       "@spec%d.json http://127.0.0.1:%d%s & ",
-                       i, i, s.port, path[i]);
-    }
-    snprintf(cmd + at, sizeof cmd - (size_t)at, "wait");
-    CHECK_EQ_INT(k3t_runf(NULL, NULL, "%s", cmd), 0);
-    for (int i = 0; i < NSPEC; i++) {
-        char *got = NULL;
-        CHECK_EQ_INT(k3t_runf(&got, NULL, "cat %s/sout%d", tmp, i), 0);
+        char *got = all[i];
         char *a = answer(got, streamed[i]);
         if (strcmp(a, plain[i]))
             k3t_fail(__FILE__, __LINE__, "%s: request %d: without speculation %s, speculating with 7 others %s", args,
