@@ -95,4 +95,15 @@ void k3t_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2), noretur
  * NULL when it runs natively. */
 const char *k3t_emulated(void);
 
+/* The tests' xorshift64 generator (13, 7, 17): the next value of *state.
+ * Each file keeps its own state and seed, so its cases stay what they were. */
+static inline uint64_t k3t_xorshift(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *state = x;
+}
+
 #endif

@@ -16,14 +16,7 @@
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
 
-static uint64_t rnd(void)
-{
-    uint64_t x = rng_state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return rng_state = x;
-}
+static uint64_t rnd(void) { return k3t_xorshift(&rng_state); }
 
 static uint8_t *random_bytes(size_t n)
 {

@@ -18,14 +18,7 @@
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-static uint64_t rnd(void)
-{
-    uint64_t x = rng_state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return rng_state = x;
-}
+static uint64_t rnd(void) { return k3t_xorshift(&rng_state); }
 
 static float rnd_float(void) /* roughly N(0,1)-ish, uniform in [-2, 2) */
 {

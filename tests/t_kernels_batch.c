@@ -16,13 +16,7 @@
 
 static uint64_t bt_state = 0x2545f4914f6cdd1dull;
 
-static uint64_t bt_rnd(void)
-{
-    bt_state ^= bt_state << 13;
-    bt_state ^= bt_state >> 7;
-    bt_state ^= bt_state << 17;
-    return bt_state;
-}
+static uint64_t bt_rnd(void) { return k3t_xorshift(&bt_state); }
 
 static float bt_from_bits(uint32_t u)
 {

@@ -880,13 +880,7 @@ K3_TEST(st_rejects_a_shard_file_the_index_does_not_reference)
 /* ---- mutation fuzzing ----------------------------------------------------- */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rnd(void) { return k3t_xorshift(&rng_state); }
 
 /* One random edit of buf (length *n, capacity cap). */
 static void mutate(uint8_t *buf, size_t *n, size_t cap)
