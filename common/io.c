@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -586,4 +587,11 @@ int k3_io_write_file_atomic(const char *dst, const void *buf, uint64_t n, k3_err
     if (rc)
         unlink(tmp);
     return rc;
+}
+
+double k3_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

@@ -8,18 +8,11 @@
  * the sampler-sized scratch passed in.
  */
 #include <string.h>
-#include <time.h>
 
 #include "k3_gen.h"
+#include "k3_io.h"
 #include "k3_model.h"
 #include "k3_progress.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The prompt through the model. With a progress, chunk by chunk at the
  * model's own chunk boundaries (k3_model_forward cuts the same way), so the
@@ -62,7 +55,7 @@ int k3_gen_run(k3_model *m, k3_sess *s, k3_sampler *smp, const uint32_t *prompt,
     if (!logits)
         return k3_err_set(e, K3_EARG, "k3_gen_run needs a logits buffer");
     st->n_prompt = n_prompt;
-    double t0 = now_s();
+    double t0 = k3_now_s();
     int rc;
     if (o->all_logits) {
         rc = forward_prompt(m, s, prompt, n_prompt, K3_LOGITS_ALL, o->all_logits, o->progress, e);
@@ -75,7 +68,7 @@ int k3_gen_run(k3_model *m, k3_sess *s, k3_sampler *smp, const uint32_t *prompt,
         return rc;
     if (o->first_logits)
         memcpy(o->first_logits, logits, V * sizeof(float));
-    double t1 = now_s();
+    double t1 = k3_now_s();
     st->prompt_s = t1 - t0;
     for (uint32_t i = 0; i < o->max_new; i++) {
         if (o->gen_logits)
@@ -98,6 +91,6 @@ int k3_gen_run(k3_model *m, k3_sess *s, k3_sampler *smp, const uint32_t *prompt,
         if (rc < 0)
             return rc;
     }
-    st->decode_s = now_s() - t1;
+    st->decode_s = k3_now_s() - t1;
     return 0;
 }

@@ -10,17 +10,10 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "k3_engine.h"
+#include "k3_io.h"
 #include "k3_spec.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ------------------------------------------------------------ n-gram */
 
@@ -253,11 +246,11 @@ int k3_spec_plan(k3_spec *s, uint32_t room, k3_step_seq *q, k3_err *e)
     memcpy(s->chunk, s->hist + s->n_hist - p, (uint64_t)p * sizeof *s->chunk);
     k3_seq *run = s->cur;
     if (nd) {
-        double tc = now_s();
+        double tc = k3_now_s();
         int rc = k3_seq_copy(s->spare, s->cur, e);
         if (rc < 0)
             return rc;
-        s->st.copy_s += now_s() - tc;
+        s->st.copy_s += k3_now_s() - tc;
         s->st.copy_bytes += k3_seq_state_size(s->cur) - 64;
         s->st.copies++;
         s->st.spec_passes++;
@@ -350,7 +343,7 @@ int k3_spec_gen_seq(k3_engine *en, k3_seq *seq, k3_sampler *smp, k3_drafter *dr,
         goto out;
     uint32_t g = *n_out;
     int stop = st->stopped_by_eos;
-    const double t1 = now_s();
+    const double t1 = k3_now_s();
     while (!stop && g < o->max_new) {
         k3_step_seq step;
         if ((rc = k3_spec_plan(s, o->max_new - g - 1, &step, e)) < 0)
@@ -376,13 +369,13 @@ int k3_spec_gen_seq(k3_engine *en, k3_seq *seq, k3_sampler *smp, k3_drafter *dr,
         }
         k3_spec_end(s);
     }
-    st->decode_s = now_s() - t1;
+    st->decode_s = k3_now_s() - t1;
     k3_sampler_set_count(smp, j0 + g);
     if (s->cur != seq) {   /* the committed state is the copy: the caller's sequence gets it */
-        double tc = now_s();
+        double tc = k3_now_s();
         if ((rc = k3_seq_copy(seq, s->cur, e)) < 0)
             goto out;
-        s->st.copy_s += now_s() - tc;
+        s->st.copy_s += k3_now_s() - tc;
         s->st.copy_bytes += k3_seq_state_size(s->cur) - 64;
         s->st.copies++;
     }

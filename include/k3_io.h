@@ -103,6 +103,9 @@ void k3_io_free_aligned(void *p);
 void *k3_io_huge_alloc(uint64_t n);
 void k3_io_huge_free(void *p, uint64_t n);
 
+/* Seconds on the monotonic clock (timings and reports). */
+double k3_now_s(void);
+
 /* Atomic publish of a file: k3_io_tmp_create opens "<dst>.tmp" (O_EXCL unless
  * the stale temporary is ours to replace: overwrite_tmp). k3_io_publish fsyncs
  * fd, closes it, renames tmp to dst and fsyncs dst's directory. */

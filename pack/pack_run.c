@@ -38,7 +38,6 @@
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -653,13 +652,6 @@ static int write_index(k3_pack_plan *p, const char *tmp, const k3_pack_out *out,
 
 /* ------------------------------------------------------------ run */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* 0 if the manifest at mp is the one this plan produces (hashes of written
  * files taken from it), K3_EEXIST if not. */
 static int same_plan_manifest(k3_pack_plan *p, const char *mp, k3_err *e)
@@ -729,7 +721,7 @@ static int remove_stale_probes(const char *dst, k3_err *e)
 static int run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_pack_stats *s, k3_err *e)
 {
     memset(s, 0, sizeof *s);
-    double t0 = now_s();
+    double t0 = k3_now_s();
     const char *dst = p->dst;
     char tmp[4200], old[4200], path[4500];
     if (snprintf(tmp, sizeof tmp, "%s" K3_PACK_TMP_SUFFIX, dst) >= (int)sizeof tmp ||
@@ -890,7 +882,7 @@ publish:
     }
     if ((rc = remove_tree(old, e)))
         return rc;
-    s->seconds = now_s() - t0;
+    s->seconds = k3_now_s() - t0;
     return 0;
 }
 

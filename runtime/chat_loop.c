@@ -28,7 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -60,13 +59,6 @@ int k3_chat_wanted(int argc, char **argv)
         if (!strcmp(argv[i], "--chat"))
             return 1;
     return 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 typedef struct chat_args {
@@ -317,10 +309,10 @@ static int turn(chat *c, const char *text, uint64_t len, k3_err *e)
         return rc;
     }
     ts.prompt_tokens = (uint32_t)n;
-    double t0 = now_s();
+    double t0 = k3_now_s();
     rc = prepare(c, P, (uint32_t)n, &ts, e);
     free(P);
-    ts.prompt_s = now_s() - t0;
+    ts.prompt_s = k3_now_s() - t0;
     if (rc == K3_EINTR) {
         interrupted = 0;
         c->conv.n--;
@@ -341,7 +333,7 @@ static int turn(chat *c, const char *text, uint64_t len, k3_err *e)
     k3_chat_turn_reset(c->parser);
     int in_reasoning = 0, channel = K3_CHAT_EV_REASONING;
     k3_err pe = {0};   /* why the turn is malformed */
-    t0 = now_s();
+    t0 = k3_now_s();
     for (uint32_t i = 0; i < a->gen; i++) {
         if (interrupted) {
             ts.stop = "interrupted";
@@ -375,7 +367,7 @@ static int turn(chat *c, const char *text, uint64_t len, k3_err *e)
         if ((rc = backend_feed(b, &id, 1, e)) < 0)
             break;
     }
-    ts.decode_s = now_s() - t0;
+    ts.decode_s = k3_now_s() - t0;
     k3_sampler_free(smp);
     if (interrupted) {
         interrupted = 0;

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "chat_loop.h"
@@ -142,13 +141,6 @@ static int parse_f(const char *s, double lo, double hi, double *out)
         return -1;
     *out = v;
     return 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int write_floats(const char *path, const float *x, uint64_t n, k3_err *e)
@@ -514,7 +506,7 @@ int main(int argc, char **argv)
         return die(K3_EARG, "no prompt: give --prompt, --prompt-file or --ids");
     }
 
-    double t_load0 = now_s();
+    double t_load0 = k3_now_s();
     k3_engine *en = NULL;
     k3_seq *s = NULL;
     k3_sampler *smp = NULL;
@@ -632,7 +624,7 @@ int main(int argc, char **argv)
         sc.sen = en;
         sc.run = &run;
     }
-    double t_load = now_s() - t_load0;
+    double t_load = k3_now_s() - t_load0;
     sc.ts = ts;
     sc.json = json;
     sc.first = 1;
@@ -675,7 +667,7 @@ int main(int argc, char **argv)
         k3_engine_stream_stats(en, &run.end);
         run.n_prompt = n_ids - reuse;
         run.n_gen = n_gen;
-        run.prompt_s = gen ? st.prompt_s : now_s() - t_load0 - t_load;
+        run.prompt_s = gen ? st.prompt_s : k3_now_s() - t_load0 - t_load;
         run.decode_s = st.decode_s;
         run.peak_rss = k3_stream_rss_peak();
         run.direct = info.direct;

@@ -32,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "k3_engine.h"
@@ -44,13 +43,6 @@
 #define PROBE_EXPERT_MAX (512ull << 20)
 #define PROBE_ROWS 8192u           /* bf16: 8192 x hidden (117 MB at K3 width); MXFP4 twice the rows */
 #define PROBE_POOL (192ull << 20)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t mix(uint64_t *s)
 {
@@ -160,7 +152,7 @@ static double read_all(const preq *q, uint32_t n, uint64_t buf_bytes, k3_err *e)
             k3_err_set(e, K3_ENOMEM, "out of memory for the read probe");
             return -1;
         }
-    const double t0 = now_s();
+    const double t0 = k3_now_s();
     for (int i = 0; i < 4; i++) {
         j[i].q = q, j[i].n = n, j[i].tid = (uint32_t)i;
         if (pthread_create(&th[i], NULL, read_main, &j[i]) != 0)
@@ -173,7 +165,7 @@ static double read_all(const preq *q, uint32_t n, uint64_t buf_bytes, k3_err *e)
         total += j[i].bytes;
         err = err ? err : j[i].err;
     }
-    const double dt = now_s() - t0;
+    const double dt = k3_now_s() - t0;
     for (int i = 0; i < 4; i++)
         k3_io_huge_free(j[i].buf, buf_bytes);
     if (started < 4) {
@@ -278,13 +270,13 @@ static double time_product(int mx, const uint8_t *pool, uint64_t bytes, uint32_t
     double t[5];
     for (int r = -1; r < 5; r++) {   /* one call first: threads up, pages in */
         const uint8_t *w = pool + (uint64_t)((r + 1) % copies) * bytes;
-        double t0 = now_s();
+        double t0 = k3_now_s();
         if (mx)
             k3_gemm_mx(w, w + rows * cols / 2, rows, cols, X, T, Y);
         else
             k3_gemm_bf16((const uint16_t *)w, rows, cols, X, T, Y);
         if (r >= 0)
-            t[r] = now_s() - t0;
+            t[r] = k3_now_s() - t0;
     }
     qsort(t, 5, sizeof *t, cmp_d);
     return t[2] / (double)bytes;
@@ -331,11 +323,11 @@ static int probe_kernels(const k3_cfg *c, k3_probe *p, k3_err *e)
 int k3_probe_run(const char *dir, const k3_cfg *c, k3_probe *p, k3_err *e)
 {
     memset(p, 0, sizeof *p);
-    const double t0 = now_s();
+    const double t0 = k3_now_s();
     int rc = probe_reads(dir, c, p, e);
     if (rc == 0)
         rc = probe_kernels(c, p, e);
-    p->seconds = now_s() - t0;
+    p->seconds = k3_now_s() - t0;
     return rc;
 }
 

@@ -21,16 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "k3_io.h"
 #include "serve.h"
-
-double srv_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void srv_req_unref(srv *S, srv_req *r)
 {
@@ -252,7 +245,7 @@ static void take(srv *S, uint32_t slot, uint32_t id)
     r->n_gen++;
     S->m.gen_tokens++;
     if (r->n_gen == 1)
-        r->t_first = srv_now();
+        r->t_first = k3_now_s();
     if (!r->chat) {
         if (is_eos(S, id)) {
             finish(S, slot, "stop", 1);
@@ -410,10 +403,10 @@ static void *engine_main(void *arg)
         k3_stream_stats st0, st1;
         k3_engine_stream_stats(S->en, &st0);
         pthread_mutex_unlock(&S->mu);
-        double t0 = srv_now();
+        double t0 = k3_now_s();
         k3_err e = {0};
         int rc = k3_engine_step(S->en, S->step, n, &e);
-        double dt = srv_now() - t0;
+        double dt = k3_now_s() - t0;
         /* sampling outside the lock: the samplers are the engine thread's */
         if (rc == 0)
             for (uint32_t i = 0; i < n; i++) {
@@ -529,7 +522,7 @@ int srv_submit(srv *S, srv_req *r, char *msg, uint32_t cap)
     } else {
         r->state = SRV_QUEUED;
         r->refs++;   /* the engine's */
-        r->t_queued = srv_now();
+        r->t_queued = k3_now_s();
         if (S->qtail)
             S->qtail->next = r;
         else

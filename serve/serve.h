@@ -191,6 +191,5 @@ typedef struct srv_http srv_http;
 int srv_http_start(srv *S, srv_http **out, uint32_t *port, k3_err *e);
 void srv_http_stop(srv_http *h);
 
-double srv_now(void);
 
 #endif

@@ -26,7 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 /* k3-synth's destination (k3_dest.h): a checkpoint built in DST.k3-synth-tmp */
@@ -41,13 +40,6 @@ static const k3_dest_tool synth_tool = {"k3-synth", K3_DEST_CHECKPOINT, synth_si
 static int remove_checkpoint_dir(const char *dir, k3_err *e)
 {
     return k3_dest_clear(&synth_tool, dir, 1, 1, e);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* ---- tokenizer files ------------------------------------------------------ */
@@ -217,7 +209,7 @@ static int synth_write(k3_synth_opts *op, const k3_dest *dest, volatile sig_atom
 int k3_synth_write(const k3_synth_opts *opts, const char *dst, volatile sig_atomic_t *cancel, k3_synth_result *r,
                    k3_err *e)
 {
-    double t0 = now_s();
+    double t0 = k3_now_s();
     memset(r, 0, sizeof *r);
     k3_synth_opts o = *opts;
     /* DST checked, owned and locked for the whole run */
@@ -227,7 +219,7 @@ int k3_synth_write(const k3_synth_opts *opts, const char *dst, volatile sig_atom
         return rc0;
     int rc = synth_write(&o, &dest, cancel, r, e);
     k3_dest_close(&dest);
-    r->seconds = now_s() - t0;
+    r->seconds = k3_now_s() - t0;
     return rc;
 }
 
