@@ -89,6 +89,7 @@ BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BIN)/bench-%)
 
 GEN_HDR =   # generated headers, appended to by module.mk files
 
+.SECONDEXPANSION:
 .PHONY: all test check-layout check-lines test-arm64 demo asan bench install install-man clean deps
 all: $(LIB) $(TOOLS) $(TEST_BIN)
 
@@ -120,6 +121,28 @@ $(TEST_BIN): $(TEST_OBJ) $(TOOL_LIB_OBJ) $(LIB)
 $(BIN)/bench-%: bench/%.c $(TOOL_LIB_OBJ) $(LIB)
 	@mkdir -p $(BIN)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS_ALL) -o $@ $< $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS) $(TOOL_LDLIBS)
+
+# The MPI build (docs/DIST.md): k3-run-mpi and k3-serve-mpi, the tools' own
+# main (renamed k3_tool_main) under mpi/launch.c, linked with Open MPI. Built
+# with the rest when mpicc is there and the build is native; scripts/install-deps
+# installs Open MPI.
+MPICC ?= mpicc
+ifeq ($(shell $(MPICC) -dumpmachine 2>/dev/null),$(shell $(CC) -dumpmachine))
+MPI_TOOLS = $(BIN)/k3-run-mpi $(BIN)/k3-serve-mpi
+endif
+MPI_DIR_run = runtime
+MPI_DIR_serve = serve
+all: $(MPI_TOOLS)
+.PRECIOUS: $(O)/mpi/%-main.o
+$(O)/mpi/launch.o: mpi/launch.c $(GEN_HDR) | $(O)/gen
+	@mkdir -p $(dir $@)
+	$(MPICC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
+$(O)/mpi/%-main.o: $$(MPI_DIR_$$*)/main.c $(GEN_HDR) | $(O)/gen
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Dmain=k3_tool_main -include mpi/tool_main.h -MMD -MP -c $< -o $@
+$(BIN)/k3-%-mpi: $(O)/mpi/launch.o $(O)/mpi/%-main.o $$(call tool_obj,$$(MPI_DIR_$$*)) $(LIB)
+	@mkdir -p $(BIN)
+	$(MPICC) $(LDFLAGS_ALL) -o $@ $^ $(LDLIBS) $(TOOL_LDLIBS_$(MPI_DIR_$*))
 
 # the benchmarks are built (not run) by every test run, so they cannot rot
 test: all $(BENCH_BIN) check-layout check-lines

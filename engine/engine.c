@@ -14,6 +14,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "follow.h"
+#include "k3_dist.h"
 #include "k3_engine.h"
 #include "k3_gen.h"
 #include "k3_io.h"
@@ -30,6 +32,7 @@ struct k3_seq {
     k3_seq *next, *prev;   /* the engine's live sequences */
     uint32_t mark;         /* step duplicate check */
     uint64_t bytes;        /* what its state takes (k3_engine_mem) */
+    uint32_t id;           /* its number in rank 0's orders (follow.h) */
 };
 
 struct k3_engine {
@@ -49,6 +52,7 @@ struct k3_engine {
     uint32_t batch_cap;
     uint64_t seq_live;     /* bytes of the live sequences (streamed: within the plan) */
     uint32_t mark;
+    uint32_t id;           /* its number in rank 0's orders (follow.h) */
 };
 
 void k3_engine_opts_init(k3_engine_opts *o)
@@ -143,7 +147,32 @@ static int open_tok(k3_engine *en, k3_err *e)
     return 0;
 }
 
+static int engine_open(k3_engine **out, const char *dir, const k3_engine_opts *o, k3_err *e);
+
 int k3_engine_open(k3_engine **out, const char *dir, const k3_engine_opts *o, k3_err *e)
+{
+    *out = NULL;
+    k3_dist *d = k3_dist_get();
+    k3_engine_opts dflt;
+    k3_engine_opts_init(&dflt);
+    const uint32_t id = k3_order_id();
+    int sent;
+    int rc = k3_order_open(d, id, dir, o ? o : &dflt, &sent, e);
+    if (rc == 0)
+        rc = engine_open(out, dir, o, e);
+    if (d) {
+        rc = k3_dist_agree(d, rc, e, 0, NULL, e);
+        if (rc < 0 && *out) {
+            k3_engine_close(*out);   /* inside the order: every rank closes its own */
+            *out = NULL;
+        }
+    }
+    if (*out)
+        (*out)->id = id;
+    return k3_order_end(d, sent, 0, rc, 0, NULL, e);
+}
+
+static int engine_open(k3_engine **out, const char *dir, const k3_engine_opts *o, k3_err *e)
 {
     *out = NULL;
     k3_engine *en = calloc(1, sizeof *en);
@@ -190,6 +219,11 @@ void k3_engine_close(k3_engine *en)
 {
     if (!en)
         return;
+    k3_dist *d = k3_dist_get();
+    int sent;
+    k3_err e;
+    k3_err_clear(&e);
+    k3_order_begin(d, &(k3_order){K3_ORD_CLOSE, en->id, 0, 0, 0}, NULL, &sent, &e);
     while (en->seqs)
         k3_seq_free(en->seqs);
     k3_model_close(en->m);
@@ -197,7 +231,19 @@ void k3_engine_close(k3_engine *en)
     k3_tok_close(en->tok);
     free(en->batch);
     free(en);
+    k3_order_end(d, sent, 0, 0, 0, NULL, &e);
 }
+
+k3_seq *k3_engine_seq_find(k3_engine *en, uint32_t id)
+{
+    for (k3_seq *q = en->seqs; q; q = q->next)
+        if (q->id == id)
+            return q;
+    return NULL;
+}
+
+k3_model *k3_engine_model(k3_engine *en) { return en->m; }
+k3_sess *k3_seq_sess(k3_seq *q) { return q->s; }
 
 const k3_cfg *k3_engine_cfg(const k3_engine *en) { return k3_ws_cfg(en->ws); }
 const k3_tok *k3_engine_tok(const k3_engine *en) { return en->tok; }
@@ -357,6 +403,8 @@ static int check_resident_memory(const k3_engine *en, k3_err *e)
                       has_manifest(en->dir) ? "" : " (after k3-convert: --ram needs a packed model)");
 }
 
+static int engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan **plan, k3_err *e);
+
 int k3_engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan **plan, k3_err *e)
 {
     if (plan)
@@ -366,6 +414,23 @@ int k3_engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan
             *plan = &en->plan;
         return 0;
     }
+    k3_dist *d = k3_dist_get();
+    k3_engine_size none = {0};
+    int sent;
+    int rc = k3_order_begin(d, &(k3_order){K3_ORD_PLAN, en->id, 0, sz != NULL, sizeof none}, sz ? sz : &none,
+                            &sent, e);
+    if (rc == 0)
+        rc = engine_plan(en, sz, plan, e);
+    /* every rank must cut passes the same way */
+    rc = k3_order_end(d, sent, 1, rc, en->o.max_chunk, "the rows per pass (--chunk)", e);
+    if (rc < 0 && plan)
+        *plan = NULL;
+    en->planned = rc == 0;
+    return rc;
+}
+
+static int engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan **plan, k3_err *e)
+{
     if (sz)
         en->sz = *sz;
     if (!en->sz.max_ctx)
@@ -395,7 +460,6 @@ int k3_engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan
         if (rc < 0)
             return rc;
     }
-    en->planned = 1;
     return 0;
 }
 
@@ -403,17 +467,20 @@ int k3_engine_load(k3_engine *en, k3_err *e)
 {
     if (en->loaded)
         return 0;
-    int rc = k3_engine_plan(en, NULL, NULL, e);
-    if (rc < 0)
-        return rc;
+    k3_dist *d = k3_dist_get();
+    int sent;
+    int rc = k3_order_begin(d, &(k3_order){K3_ORD_LOAD, en->id, 0, 0, 0}, NULL, &sent, e);
+    if (rc == 0)
+        rc = k3_engine_plan(en, NULL, NULL, e);
     /* the model opens after the plan: it sizes its expert batches by the cache */
     k3_model_opts mo = {en->o.max_chunk};
-    if ((rc = k3_model_open(&en->m, en->ws, &mo, e)) < 0)
-        return rc;
-    if (en->streams && (rc = k3_ws_stream_start(en->ws, &en->so, &en->plan, e)) < 0)
-        return rc;
-    en->loaded = 1;
-    return 0;
+    if (rc == 0 && (rc = k3_model_open(&en->m, en->ws, &mo, e)) == 0)
+        k3_model_dist_id_set(en->m, en->id);
+    if (rc == 0 && en->streams)
+        rc = k3_ws_stream_start(en->ws, &en->so, &en->plan, e);
+    rc = k3_order_end(d, sent, 1, rc, 0, NULL, e);
+    en->loaded = rc == 0;
+    return rc;
 }
 
 int k3_engine_stream_stats(const k3_engine *en, k3_stream_stats *st)
@@ -458,14 +525,26 @@ int k3_seq_create(k3_seq **out, k3_engine *en, uint32_t max_ctx, k3_err *e)
         en->batch = b;
         en->batch_cap = cap;
     }
+    k3_dist *d = k3_dist_get();
+    const uint32_t id = k3_order_id();
+    int sent;
+    int rc = k3_order_begin(d, &(k3_order){K3_ORD_SEQ_NEW, en->id, id, max_ctx, 0}, NULL, &sent, e);
+    if (rc < 0)
+        return k3_order_end(d, sent, 0, rc, 0, NULL, e);
     k3_seq *q = calloc(1, sizeof *q);
-    if (!q)
-        return k3_err_set(e, K3_ENOMEM, "out of memory creating a sequence");
-    int rc = k3_sess_create(&q->s, en->m, max_ctx, e);
+    rc = q ? k3_sess_create(&q->s, en->m, max_ctx, e) : k3_err_set(e, K3_ENOMEM, "out of memory creating a sequence");
+    if (d) {
+        rc = k3_dist_agree(d, rc, e, 0, NULL, e);
+        if (rc < 0 && q)
+            k3_sess_free(q->s);
+    }
+    rc = k3_order_end(d, sent, 0, rc, 0, NULL, e);
     if (rc < 0) {
         free(q);
         return rc;
     }
+    q->id = id;
+    k3_sess_dist_id_set(q->s, id);
     q->en = en;
     q->bytes = need;
     en->nseqs++;
@@ -482,6 +561,10 @@ void k3_seq_free(k3_seq *q)
 {
     if (!q)
         return;
+    k3_dist *d = k3_dist_get();
+    int sent;
+    k3_err e;
+    k3_order_begin(d, &(k3_order){K3_ORD_SEQ_FREE, q->en->id, q->id, 0, 0}, NULL, &sent, &e);
     if (q->prev)
         q->prev->next = q->next;
     else
@@ -492,9 +575,18 @@ void k3_seq_free(k3_seq *q)
     q->en->seq_live -= q->bytes;
     k3_sess_free(q->s);
     free(q);
+    k3_order_end(d, sent, 0, 0, 0, NULL, &e);
 }
 
-void k3_seq_reset(k3_seq *q) { k3_sess_reset(q->s); }
+void k3_seq_reset(k3_seq *q)
+{
+    k3_dist *d = k3_dist_get();
+    int sent;
+    k3_err e;
+    k3_order_begin(d, &(k3_order){K3_ORD_SEQ_RESET, q->en->id, q->id, 0, 0}, NULL, &sent, &e);
+    k3_sess_reset(q->s);
+    k3_order_end(d, sent, 0, 0, 0, NULL, &e);
+}
 uint32_t k3_seq_pos(const k3_seq *q) { return k3_sess_pos(q->s); }
 uint32_t k3_seq_max_ctx(const k3_seq *q) { return k3_sess_max_ctx(q->s); }
 
@@ -504,7 +596,12 @@ int k3_seq_copy(k3_seq *dst, const k3_seq *src, k3_err *e)
         return k3_err_set(e, K3_EARG, "k3_seq_copy: the sequences belong to different engines");
     if (dst == src)
         return 0;
-    return k3_sess_copy(dst->s, src->s, e);
+    k3_dist *d = k3_dist_get();
+    int sent;
+    int rc = k3_order_begin(d, &(k3_order){K3_ORD_SEQ_COPY, dst->en->id, dst->id, src->id, 0}, NULL, &sent, e);
+    if (rc == 0)
+        rc = k3_sess_copy(dst->s, src->s, e);
+    return k3_order_end(d, sent, 1, rc, 0, NULL, e);
 }
 
 uint64_t k3_seq_state_size(const k3_seq *q) { return k3_sess_state_size(q->s); }
@@ -516,7 +613,12 @@ int k3_seq_state_save(const k3_seq *q, void *buf, uint64_t cap, uint64_t *len, k
 
 int k3_seq_state_load(k3_seq *q, const void *buf, uint64_t len, k3_err *e)
 {
-    return k3_sess_state_load(q->s, buf, len, e);
+    k3_dist *d = k3_dist_get();
+    int sent;
+    int rc = k3_order_begin(d, &(k3_order){K3_ORD_SEQ_LOAD, q->en->id, q->id, 0, len}, buf, &sent, e);
+    if (rc == 0)
+        rc = k3_sess_state_load(q->s, buf, len, e);
+    return k3_order_end(d, sent, 1, rc, 0, NULL, e);
 }
 
 /* ----------------------------------------------------------------- step */

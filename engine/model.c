@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "follow.h"
 #include "k3_kern.h"
 #include "model_int.h"
 
@@ -87,8 +88,8 @@ static void mm_block(k3_model *m, k3_dtype dt, const void *w, uint64_t n, uint64
  * to their place: the same kernel on the same rows, so the same numbers. A
  * failed read stops the product there: its error is returned (the source
  * keeps it too, k3_ws_status) and the output is left as is. */
-static int mm_any(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T, float *Y,
-                  float *const *rowp, k3_err *e)
+static int mm_local(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T,
+                    float *Y, float *const *rowp, k3_err *e)
 {
     const uint64_t cols = view_cols(W), es = W->dtype == K3_DT_F32 ? 4 : 2;
     if (W->data || !W->src) {
@@ -111,6 +112,47 @@ static int mm_any(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, c
         mm_block(m, W->dtype, p, n, cols, X, T, Y, rows, rowp, r - row0);
         k3_ws_rows_release(W->src, W->group, (k3_wslot)W->slot);
         r += n;
+    }
+    return 0;
+}
+
+/* Over several ranks: the product in rounds of size x B rows (B =
+ * k3_dist_block), rank q computing rows [(k*size + q) * B, +B) of round k
+ * with mm_local, then every rank's rows to their place on every rank (Y
+ * and rowp both NULL: computed and sent, not kept). Each row is computed
+ * wholly on one rank by the kernel one process uses, so the same numbers. */
+static int mm_any(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T, float *Y,
+                  float *const *rowp, k3_err *e)
+{
+    k3_dist *d = m->dist;
+    if (!d)
+        return mm_local(m, W, row0, rows, X, T, Y, rowp, e);
+    const uint32_t N = d->size;
+    const uint64_t B = k3_dist_block(rows, N);
+    float *mine = (float *)(m->dsend + sizeof(k3_dist_status));
+    uint64_t n[K3_DIST_MAX_RANKS], lo[K3_DIST_MAX_RANKS];
+    for (uint64_t base = 0; base < rows; base += B * N) {
+        for (uint32_t q = 0; q < N; q++) {
+            uint64_t a = base + q * B, b = a + B;
+            a = a < rows ? a : rows;
+            b = b < rows ? b : rows;
+            lo[q] = a;
+            n[q] = (b - a) * T * sizeof(float);
+        }
+        const uint64_t nr = n[d->rank] / sizeof(float) / T;
+        int rc = nr ? mm_local(m, W, row0 + lo[d->rank], nr, X, T, mine, NULL, e) : 0;
+        d->st.trunk_gathers++;
+        rc = k3_dist_gather(d, rc, e, m->dsend, n, m->drecv, m->dparts, e);
+        if (rc < 0)
+            return rc;
+        if (!Y && !rowp)
+            continue;
+        for (uint32_t q = 0; q < N; q++) {
+            const uint64_t nq = n[q] / sizeof(float) / T;
+            const float *src = m->dparts[q];
+            for (uint32_t t = 0; t < T && nq; t++)
+                memcpy((rowp ? rowp[t] : Y + (uint64_t)t * rows) + lo[q], src + (uint64_t)t * nq, nq * sizeof(float));
+        }
     }
     return 0;
 }
@@ -425,6 +467,23 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
             bad = 1;
     }
     m->mmtmp = falloc(T * K3_MM_BLOCK, &bad);
+    m->dist = k3_dist_get();
+    if (m->dist && m->dist->size > 1) {
+        /* a product round: at most 4096 rows per rank (k3_dist_block); the
+         * expert outputs: T x top-k latents */
+        const uint64_t N = m->dist->size, S = sizeof(k3_dist_status);
+        uint64_t share = T * 4096 * sizeof(float), all = N * share;
+        const uint64_t xo = has_moe ? T * d->TOPK * d->LAT * sizeof(float) : 0;
+        share = share > xo ? share : xo;
+        all = all > xo ? all : xo;
+        m->dsend = malloc(S + share);
+        m->drecv = malloc(N * S + all);
+        m->dparts = calloc(N, sizeof *m->dparts);
+        if (!m->dsend || !m->drecv || !m->dparts)
+            bad = 1;
+    } else {
+        m->dist = NULL;
+    }
     m->segs = calloc(T, sizeof(k3_seg));
     m->head_dst = calloc(T, sizeof(float *));
     if (!m->segs || !m->head_dst)
@@ -452,6 +511,7 @@ void k3_model_close(k3_model *m)
         free(fs[i]);
     free(m->rsel); free(m->eids); free(m->ecount); free(m->etok); free(m->eslot); free(m->eviews);
     free(m->segs); free(m->head_dst); free(m->rowseg); free(m->ids); free(m->head_row);
+    free(m->dsend); free(m->drecv); free(m->dparts);
     free(m->layer_slot);
     free(m->layer_s);
     free(m);
@@ -584,7 +644,7 @@ static int forward_pass(k3_model *m, k3_err *e)
     const uint32_t T = m->rows;
     const uint64_t TE = (uint64_t)T * d->E, stride = (uint64_t)m->max_chunk * d->E;
     double t0 = omp_get_wtime();
-    int rc = k3_ws_embed(m->ws, m->ids, T, m->h, e);
+    int rc = k3_model_agree(m, k3_ws_embed(m->ws, m->ids, T, m->h, e), e);
     if (rc < 0)
         return rc;
     double t1 = omp_get_wtime();
@@ -593,6 +653,12 @@ static int forward_pass(k3_model *m, k3_err *e)
     for (uint32_t L = 0; L < d->NL; L++) {
         const k3_view *v;
         rc = k3_ws_acquire(m->ws, L, &v, e);
+        if (m->dist) {
+            int held = rc == 0;
+            rc = k3_model_agree(m, rc, e);
+            if (rc < 0 && held)
+                k3_ws_release(m->ws, L);
+        }
         if (rc < 0)
             return rc;
         double tl0 = omp_get_wtime();
@@ -636,6 +702,8 @@ static int forward_pass(k3_model *m, k3_err *e)
         k3_ws_release(m->ws, L);
         if (rc == 0)
             rc = k3_ws_status(m->ws, e);   /* a streamed piece that failed to read */
+        if (m->dist)
+            rc = k3_model_agree(m, rc, e);
         if (rc < 0)
             return rc;
         memcpy(m->h, m->prefix, TE * sizeof(float));
@@ -651,6 +719,12 @@ static int forward_pass(k3_model *m, k3_err *e)
     uint32_t g = K3_WS_HEAD(&m->cfg);
     const k3_view *v;
     rc = k3_ws_acquire(m->ws, g, &v, e);
+    if (m->dist) {
+        int held = rc == 0;
+        rc = k3_model_agree(m, rc, e);
+        if (rc < 0 && held)
+            k3_ws_release(m->ws, g);
+    }
     if (rc < 0)
         return rc;
     load_smalls(m, v);
@@ -660,11 +734,16 @@ static int forward_pass(k3_model *m, k3_err *e)
     int one_block = 1;   /* every row's logits right after the previous row's */
     for (uint32_t i = 1; i < R && one_block; i++)
         one_block = m->head_dst[i] == m->head_dst[0] + (uint64_t)i * d->V;
-    rc = mm_any(m, &v[K3_W_LM_HEAD], 0, d->V, m->head_x, R, one_block ? m->head_dst[0] : NULL,
-                one_block ? NULL : m->head_dst, e);
+    if (!m->head_dst[0])   /* a follower rank computes its share for rank 0 */
+        rc = mm_any(m, &v[K3_W_LM_HEAD], 0, d->V, m->head_x, R, NULL, NULL, e);
+    else
+        rc = mm_any(m, &v[K3_W_LM_HEAD], 0, d->V, m->head_x, R, one_block ? m->head_dst[0] : NULL,
+                    one_block ? NULL : m->head_dst, e);
     k3_ws_release(m->ws, g);
     if (rc == 0)
         rc = k3_ws_status(m->ws, e);
+    if (m->dist)
+        rc = k3_model_agree(m, rc, e);
     if (rc < 0)
         return rc;
     m->times.head += omp_get_wtime() - t0;
@@ -674,9 +753,10 @@ static int forward_pass(k3_model *m, k3_err *e)
 int k3_model_forward_batch(k3_model *m, const k3_model_seq *q, uint32_t n, k3_err *e)
 {
     const k3_dims *d = &m->d;
+    const int follower = m->dist && m->dist->rank != 0;   /* its logits are rank 0's */
     for (uint32_t i = 0; i < n; i++) {
         const k3_sess *s = q[i].s;
-        if (q[i].logits != K3_LOGITS_NONE && !q[i].out)
+        if (q[i].logits != K3_LOGITS_NONE && !q[i].out && !follower)
             return k3_err_set(e, K3_EARG, "logits requested without a buffer");
         if (q[i].n == 0 && q[i].logits == K3_LOGITS_LAST)
             return k3_err_set(e, K3_EARG, "no tokens to run");
@@ -691,6 +771,9 @@ int k3_model_forward_batch(k3_model *m, const k3_model_seq *q, uint32_t n, k3_er
             if (q[j].s == s)
                 return k3_err_set(e, K3_EARG, "a session is twice in one batch (entries %u and %u)", j, i);
     }
+    /* the followers run the same batch (engine/follow.c) */
+    if (m->dist && !follower)
+        K3_TRY(k3_order_forward(m, q, n, e));
     /* Passes of at most max_chunk rows: the entries' tokens in order, an
      * entry that does not fit whole going on in the next pass. */
     const uint32_t C = m->max_chunk;
@@ -715,7 +798,7 @@ int k3_model_forward_batch(k3_model *m, const k3_model_seq *q, uint32_t n, k3_er
                 } else if (x->logits == K3_LOGITS_ALL) {
                     for (uint32_t t = 0; t < k; t++) {
                         m->head_row[m->nhead] = m->rows + t;
-                        m->head_dst[m->nhead++] = x->out + (uint64_t)(off + t) * d->V;
+                        m->head_dst[m->nhead++] = x->out ? x->out + (uint64_t)(off + t) * d->V : NULL;
                     }
                 }
                 m->nseg++;
@@ -732,6 +815,45 @@ int k3_model_forward_batch(k3_model *m, const k3_model_seq *q, uint32_t n, k3_er
         int rc = forward_pass(m, e);
         if (rc < 0)
             return rc;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------ over several ranks */
+
+void k3_model_dist_id_set(k3_model *m, uint32_t id) { m->dist_id = id; }
+void k3_sess_dist_id_set(k3_sess *s, uint32_t id) { s->dist_id = id; }
+
+int k3_model_agree(k3_model *m, int code, k3_err *e)
+{
+    return m->dist ? k3_dist_agree(m->dist, code, e, 0, NULL, e) : code;
+}
+
+int k3_model_dist_experts(k3_model *m, uint32_t T, int code, k3_err *e)
+{
+    k3_dist *d = m->dist;
+    const uint32_t N = d->size, K = m->d.TOPK, LAT = m->d.LAT;
+    const uint64_t TK = (uint64_t)T * K, row = LAT * sizeof(float);
+    uint64_t n[K3_DIST_MAX_RANKS] = {0};
+    float *mine = (float *)(m->dsend + sizeof(k3_dist_status));
+    for (uint64_t i = 0; i < TK; i++) {
+        const uint32_t q = k3_dist_expert_rank(m->rsel[i], N);
+        if (q == d->rank && code == 0)
+            memcpy(mine + n[q] / sizeof(float), m->mout + i * LAT, row);
+        n[q] += row;
+    }
+    d->st.expert_gathers++;
+    int rc = k3_dist_gather(d, code, e, m->dsend, n, m->drecv, m->dparts, e);
+    if (rc < 0)
+        return rc;
+    const float *src[K3_DIST_MAX_RANKS];
+    for (uint32_t q = 0; q < N; q++)
+        src[q] = m->dparts[q];
+    for (uint64_t i = 0; i < TK; i++) {
+        const uint32_t q = k3_dist_expert_rank(m->rsel[i], N);
+        if (q != d->rank)
+            memcpy(m->mout + i * LAT, src[q], row);
+        src[q] += LAT;
     }
     return 0;
 }

@@ -19,6 +19,7 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "k3_dist.h"
 #include "k3_kern.h"
 #include "k3_model.h"
 #include "k3_ws.h"
@@ -74,6 +75,14 @@ struct k3_model {
     float *mmtmp;             /* max_chunk x K3_MM_BLOCK: product row blocks */
     k3_model_times times;
     double *layer_s;          /* per layer compute seconds */
+    /* over several ranks (k3_dist.h; NULL in one process): this model's
+     * number in rank 0's orders, and the gather buffers: dsend a status and
+     * this rank's share of a product round or of the expert outputs, drecv
+     * every rank's */
+    k3_dist *dist;
+    uint32_t dist_id, dist_seqs;
+    uint8_t *dsend, *drecv;
+    const void **dparts;
 };
 
 struct k3_sess {
@@ -83,6 +92,7 @@ struct k3_sess {
     float *conv_hist;   /* n_kda x 3 x (CW-1) x P, oldest first; q, k, v */
     float *mla_cache;   /* n_mla x max_ctx x (KVL + ROPE) */
     float *scores;      /* nthreads x max_ctx */
+    uint32_t dist_id;   /* its number in rank 0's orders (k3_dist.h) */
 };
 
 /* Below this much work (multiply-adds) a loop is not worth waking threads
@@ -139,6 +149,15 @@ int k3_model_mm(k3_model *m, const k3_view *W, const float *X, uint32_t T, float
 /* The same on a raw row range of a matrix (rows from row0). */
 int k3_model_mm_rows(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T,
                      float *Y, k3_err *e);
+
+/* Over several ranks: every rank's share of the expert outputs m->mout of
+ * the pass's T rows (rank e mod N ran expert e), into every rank's m->mout;
+ * code is this rank's status (0 or its failure), the result as
+ * k3_dist_gather. */
+int k3_model_dist_experts(k3_model *m, uint32_t T, int code, k3_err *e);
+/* Over several ranks: code agreed by every rank (k3_dist_agree); code
+ * itself in one process. */
+int k3_model_agree(k3_model *m, int code, k3_err *e);
 
 /* Return a negative status at once. */
 #define K3_TRY(x)                  \

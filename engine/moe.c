@@ -11,6 +11,9 @@
  * per chunk, in batches of k3_ws_expert_batch_max; every expert runs its rows
  * straight from MXFP4 with k3_gemm_mx. The aggregate of a token is summed in
  * its top-k order, so the grouping never changes a number.
+ * Over several ranks (k3_dist.h) expert e runs on rank e mod N only and
+ * the outputs are exchanged before the sum, which every rank then does in
+ * the same order.
  * Overlap: right after routing the layer's expert ids go to the source
  * (k3_ws_experts_prefetch, a hint a streaming source uses to start its
  * reads), then the latent down projection and the shared experts run before
@@ -99,9 +102,11 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     memset(m->ecount, 0, NE * sizeof(uint32_t));
     for (uint64_t i = 0; i < (uint64_t)T * K; i++)
         m->ecount[m->rsel[i]]++;
+    /* over several ranks, this rank's experts only (k3_dist_expert_rank) */
+    const uint32_t N = m->dist ? m->dist->size : 1, me = m->dist ? m->dist->rank : 0;
     uint32_t nused = 0;
     for (uint32_t x = 0; x < NE; x++)
-        if (m->ecount[x])
+        if (m->ecount[x] && k3_dist_expert_rank(x, N) == me)
             m->eids[nused++] = x;
     k3_ws_experts_prefetch(m->ws, layer, m->eids, nused);
 
@@ -118,11 +123,12 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
         K3_TRY(k3_model_mm(m, &v[K3_W_MOE_SH_DOWN], m->dg, T, m->mlp, e));
     }
 
-    for (uint32_t b0 = 0; b0 < nused; b0 += m->expert_batch) {
+    int rc = 0;
+    for (uint32_t b0 = 0; b0 < nused && rc == 0; b0 += m->expert_batch) {
         uint32_t nb = nused - b0 < m->expert_batch ? nused - b0 : m->expert_batch;
-        int rc = k3_ws_experts_acquire(m->ws, layer, m->eids + b0, nb, m->eviews, e);
+        rc = k3_ws_experts_acquire(m->ws, layer, m->eids + b0, nb, m->eviews, e);
         if (rc < 0)
-            return rc;
+            break;
         for (uint32_t bi = 0; bi < nb; bi++) {
             const uint32_t x = m->eids[b0 + bi];
             const k3_expert_view *ev = &m->eviews[bi];
@@ -142,6 +148,10 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
         }
         k3_ws_experts_release(m->ws, layer);
     }
+    if (m->dist)   /* every rank's expert outputs to every rank */
+        rc = k3_model_dist_experts(m, T, rc, e);
+    if (rc < 0)
+        return rc;
 
     /* aggregate in top-k order, norm, back up to the model width */
     K3_PAR_FOR((uint64_t)T * K * LAT > K3_PAR_MIN,
