@@ -38,11 +38,17 @@ char *k3t_serve_log(const k3t_server *s) { return slurp_path(s->log); }
 
 void k3t_serve_start(k3t_server *s, const char *model, const char *args)
 {
+    k3t_serve_start_with(s, "", "k3-serve", model, args);
+}
+
+void k3t_serve_start_with(k3t_server *s, const char *launcher, const char *tool, const char *model, const char *args)
+{
     static int counter;
     memset(s, 0, sizeof *s);
     snprintf(s->log, sizeof s->log, "%s/serve%d.log", k3t_tmpdir(), counter++);
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "exec '%s/k3-serve' '%s' --port 0 %s", k3t_bindir(), model, args ? args : "");
+    snprintf(cmd, sizeof cmd, "exec %s '%s/%s' '%s' --port 0 %s", launcher, k3t_bindir(), tool, model,
+             args ? args : "");
     fflush(NULL);
     pid_t pid = fork();
     CHECK(pid >= 0);

@@ -19,6 +19,9 @@ typedef struct k3t_server {
 /* Start k3-serve MODEL --port 0 ARGS (stderr to a log in the test's
  * directory) and wait until it listens. */
 void k3t_serve_start(k3t_server *s, const char *model, const char *args);
+/* The same with another build of the server (tool, e.g. "k3-serve-mpi")
+ * under a launcher command line (e.g. "mpirun -np 2"; "" for none). */
+void k3t_serve_start_with(k3t_server *s, const char *launcher, const char *tool, const char *model, const char *args);
 /* Send sig and wait for the exit (at most 60 s): the exit status. */
 int k3t_serve_stop(k3t_server *s, int sig);
 /* The server's log so far (heap). */
