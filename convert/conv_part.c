@@ -28,6 +28,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -330,6 +331,13 @@ static int move_group(conv *cv, uint32_t g, part *pt, const char *dst, k3_err *e
             return rc;
         if (rename(from, to) != 0)
             return k3_err_sys(e, errno == EXDEV ? K3_EARG : K3_EIO, errno, "%s: cannot move it to %s", from, to);
+        /* test hook, as conv_run.c's: K3_CONVERT_CRASH=merge:G kills the
+         * merge after group G's first file is moved */
+        const char *v = getenv("K3_CONVERT_CRASH");
+        char want[32];
+        snprintf(want, sizeof want, "merge:%u", g);
+        if (v && !strcmp(v, want))
+            raise(SIGKILL);
     }
     if ((rc = k3_io_fsync_dir(dst, e)) || (rc = k3_io_fsync_dir(pt->dest.path, e)))
         return rc;
