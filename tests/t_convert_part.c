@@ -181,15 +181,37 @@ K3_TEST(convert_part_merge_refuses_a_gap_an_overlap_a_twice_and_another_checkpoi
     run_ok(cmd);
     snprintf(parts, sizeof parts, "%s %s %s", path_in("p1"), path_in("po"), path_in("p3"));
     merge_fails(parts, 2, "a part of another conversion");
-    /* an unfinished part (no part.json yet) */
+    /* a part of the same layout but other bytes (another seed): the plan is
+     * the same, so the merge cannot tell; the manifest records each
+     * shard's SHA-256 as its part read it, and k3-verify --sums finds it */
+    snprintf(cmd, sizeof cmd, "k3-synth %s --preset tiny --quiet --seed 2 && k3-convert --quiet --part %s %s %s && "
+                              "cd %s && sha256sum *.safetensors > %s", path_in("seed2"), shard(3), path_in("seed2"),
+             path_in("ps2"), src, path_in("SUMS"));
+    run_ok(cmd);
+    snprintf(cmd, sizeof cmd, "k3-convert --quiet --merge %s %s %s %s && k3-verify %s --sums %s", path_in("mixed"),
+             path_in("p1"), path_in("ps2"), path_in("p3"), path_in("mixed"), path_in("SUMS"));
+    char *out = NULL;
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "%s", cmd), 1);
+    CHECK_STR_CONTAINS(out, "shard model-00003-of-00005.safetensors: converted from bytes whose SHA-256 differs");
+    free(out);
+}
+
+K3_TEST(convert_part_merge_of_an_unfinished_part_goes_once_it_is_finished)
+{
+    char src[1024]; /* path_in's buffers are reused */
+    snprintf(src, sizeof src, "%s", path_in("src"));
+    char cmd[32768], parts[4096];
+    snprintf(cmd, sizeof cmd, "k3-synth %s --preset tiny --quiet", src);
+    run_ok(cmd);
+    three_parts(src, "");
     snprintf(cmd, sizeof cmd, "mv %s/part.json %s", path_in("p2"), path_in("keep.json"));
     run_ok(cmd);
     snprintf(parts, sizeof parts, "%s %s %s", path_in("p1"), path_in("p2"), path_in("p3"));
     merge_fails(parts, 4, "not a finished part");
-    snprintf(cmd, sizeof cmd, "mv %s %s/part.json", path_in("keep.json"), path_in("p2"));
-    run_ok(cmd);
-    /* and with all of them in order, it goes */
-    snprintf(cmd, sizeof cmd, "k3-convert --quiet --merge %s %s", path_in("merged"), parts);
+    /* --resume finishes it: every group kept, part.json written */
+    snprintf(cmd, sizeof cmd, "k3-convert --quiet --resume --part %s --headers %s %s %s && k3-convert --quiet "
+                              "--merge %s %s && k3-verify %s", shard(3), path_in("hdrs"), path_in("m2"),
+             path_in("p2"), path_in("merged"), parts, path_in("merged"));
     run_ok(cmd);
 }
 
