@@ -272,3 +272,34 @@ K3_TEST(convert_part_jobs_of_n_and_an_interrupted_merge_continued)
     run_ok(cmd);
     same_files(path_in("whole"), path_in("merged"));
 }
+
+/* A part on another file system: refused before anything moves (the merge
+ * renames, it does not copy). /dev/shm is a tmpfs where there is one. */
+K3_TEST(convert_part_merge_refuses_a_part_on_another_filesystem_and_moves_nothing)
+{
+    char src[1024]; /* path_in's buffers are reused */
+    snprintf(src, sizeof src, "%s", path_in("src"));
+    char cmd[32768];
+    struct stat a, b;
+    if (stat("/dev/shm", &b) != 0 || access("/dev/shm", W_OK) != 0 || stat(k3t_tmpdir(), &a) != 0 ||
+        a.st_dev == b.st_dev) {
+        fprintf(stderr, "  (no second file system at /dev/shm: nothing to check)\n");
+        return;
+    }
+    snprintf(cmd, sizeof cmd, "k3-synth %s --preset tiny --quiet", src);
+    run_ok(cmd);
+    three_parts(src, "");
+    snprintf(cmd, sizeof cmd, "cd %s && d=$(mktemp -d /dev/shm/k3-convert-part.XXXXXX) && "
+                              "k3-convert --quiet --part 3/5 src $d/p && "
+                              "{ k3-convert --quiet --merge merged p1 $d/p p3 2> err; echo $? > rc; "
+                              "test -f $d/p/part.json && test -f $d/p/trunk-0002.k3t; echo $? > kept; rm -rf $d; }",
+             k3t_tmpdir());
+    run_ok(cmd);
+    char *out = NULL;
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "cd %s && cat rc kept err", k3t_tmpdir()), 0);
+    CHECK_STR_CONTAINS(out, "2\n0\n");
+    CHECK_STR_CONTAINS(out, "on another filesystem than merged");
+    free(out);
+    CHECK(access(path_in("merged"), F_OK) != 0);
+    CHECK(access(path_in("p1/part.json"), F_OK) == 0);
+}
