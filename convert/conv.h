@@ -9,6 +9,11 @@
  * group is converted in one sequential pass over its shards (conv_run.c):
  * input hashed while read, output hashed while written, published by rename,
  * recorded in the journal. Output bytes depend only on the plan.
+ *
+ * Across machines (conv_part.c): the plan needs only the headers, so a
+ * machine holding some shards plans from stand-ins of the others
+ * (k3_st_open_headers), converts its groups into a part directory, and
+ * --merge renames the parts' files into one DST and writes the last files.
  */
 #ifndef K3_CONV_H
 #define K3_CONV_H

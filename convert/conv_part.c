@@ -415,6 +415,11 @@ int k3_conv_merge(const char *dst, const char *const *parts, int nparts, const k
             rc = k3_err_set(e, K3_EARG, "%s: a part of another checkpoint than %s (config, index or tokenizer "
                             "files differ)", q->arg, pt[0].arg);
     }
+    struct stat dsb;
+    for (int k = 0; rc == 0 && k < np && stat(dst, &dsb) == 0; k++)
+        if (pt[k].dev == dsb.st_dev && pt[k].ino == dsb.st_ino)
+            rc = k3_err_set(e, K3_EARG, "%s: DST is one of the parts (%s); merge into a new directory", dst,
+                            pt[k].arg);
     if (rc)
         goto out;
     /* the plan, from the first part's copy of the small inputs and headers */

@@ -175,6 +175,12 @@ K3_TEST(convert_part_merge_refuses_a_gap_an_overlap_a_twice_and_another_checkpoi
     run_ok(cmd);
     snprintf(parts, sizeof parts, "%s %s %s %s", path_in("p1"), path_in("p2"), path_in("p3"), path_in("p3b"));
     merge_fails(parts, 2, "model-00003-of-00005.safetensors is also in");
+    /* DST one of the parts */
+    char *err = NULL;
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-convert --quiet --merge %s %s %s %s", path_in("p2"), path_in("p1"),
+                          path_in("p2"), path_in("p3")), 2);
+    CHECK_STR_CONTAINS(err, "DST is one of the parts");
+    free(err);
     /* a part of another checkpoint: the small preset's other layout */
     snprintf(cmd, sizeof cmd, "k3-synth %s --preset tiny --quiet --trunk-dtype f32 && k3-convert --quiet --part 3/5 "
                               "%s %s", path_in("other"), path_in("other"), path_in("po"));
