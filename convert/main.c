@@ -53,7 +53,7 @@ static void usage(FILE *f)
             "                an interrupted merge continues when run again\n"
             "  --export-headers SRC DIR\n"
             "                write DIR/NAME.safetensors.k3hdr, the header of each shard in\n"
-            "                SRC (a few MB in all), for the machines that do not hold it\n"
+            "                SRC (under 1 MB each at K3 size), for the machines that do not hold it\n"
             "  --force       replace DST if it is a packed model holding nothing else\n"
             "                (removes manifest.json first; see README, Destinations)\n"
             "  --dense       write zero blocks instead of leaving holes\n"
