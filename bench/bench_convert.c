@@ -174,7 +174,7 @@ static int manifest_only(const char *src)
     k3_conv_plan p;
     k3_err e = {0};
     double t0 = now();
-    if (k3_conv_plan_build(&p, src, "/nonexistent", 0, &e)) {
+    if (k3_conv_plan_build(&p, src, "/nonexistent", 0, NULL, &e)) {
         fprintf(stderr, "plan: %s\n", e.msg);
         return 1;
     }

@@ -44,7 +44,7 @@ static int known_name(k3_dest_kind kind, const char *n)
 {
     if (kind == K3_DEST_PACKED) {
         static const char *fixed[] = {"manifest.json", "experts.idx", "embed.crc", "tiktoken.model",
-                                      "tokenizer_config.json"};
+                                      "tokenizer_config.json", "part.json"};
         for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
             if (!strcmp(n, fixed[i]))
                 return 1;
@@ -76,7 +76,8 @@ static int known_file(k3_dest_kind kind, const char *n)
 
 static int journal_name(k3_dest_kind kind, const char *n)
 {
-    return kind == K3_DEST_PACKED && (!strcmp(n, ".k3-convert-journal") || !strcmp(n, ".k3-pack-journal"));
+    return kind == K3_DEST_PACKED && (!strcmp(n, ".k3-convert-journal") || !strcmp(n, ".k3-pack-journal") ||
+                                      !strcmp(n, ".k3-convert-part"));
 }
 
 /* ------------------------------------------------------------ signatures */
@@ -241,6 +242,13 @@ int k3_dest_clear(const k3_dest_tool *t, const char *dir, int temporary, int rem
         return rc;
     if (unlink(path) != 0 && errno != ENOENT)
         return k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", path);
+    /* so does a k3-convert --part's completion mark */
+    if (t->kind == K3_DEST_PACKED) {
+        if ((rc = k3_io_path_join(path, sizeof path, dir, "part.json", e)))
+            return rc;
+        if (unlink(path) != 0 && errno != ENOENT)
+            return k3_err_sys(e, K3_EIO, errno, "%s: cannot remove", path);
+    }
     DIR *d = opendir(dir);
     if (!d)
         return k3_err_sys(e, K3_EIO, errno, "%s: cannot open directory", dir);

@@ -30,6 +30,7 @@
 #include <inttypes.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -53,6 +54,7 @@ typedef struct shard {
     uint64_t size;
     uint64_t data_start;
     char *names;        /* the names block of its header */
+    char *standin;      /* NULL, or the stand-in file its header came from (no data here) */
 } shard;
 
 struct k3_st {
@@ -72,6 +74,7 @@ void k3_st_close(k3_st *st)
             close(st->shards[i].fd);
         free(st->shards[i].path);
         free(st->shards[i].names);
+        free(st->shards[i].standin);
     }
     free(st->shards);
     free(st->tensors);
@@ -351,9 +354,41 @@ typedef struct shard_load {
     int rc;
 } shard_load;
 
+/* A stand-in (k3_st.h): "K3STHDR1", u64 shard size, then the shard's first
+ * data_start bytes (the length prefix and the header text). */
+static void load_standin(shard *s, shard_load *l)
+{
+    char *buf = NULL;
+    uint64_t len = 0;
+    l->rc = k3_io_read_file(s->standin, 24 + (uint64_t)K3_ST_MAX_HEADER, &buf, &len, &l->err);
+    if (l->rc)
+        return;
+    const uint8_t *b = (const uint8_t *)buf;
+    uint64_t size = 0, n = 0, n2 = 0;
+    for (int i = 7; len >= 32 && i >= 0; i--) {
+        size = size << 8 | b[8 + i];
+        n = n << 8 | b[16 + i];
+        n2 = n2 << 8 | b[24 + i];
+    }
+    if (len < 32 || memcmp(buf, K3_ST_STANDIN_MAGIC, 8) || n != len - 32 || n2 != n)
+        l->rc = k3_err_set(&l->err, K3_EFORMAT,
+                           "%s: not a shard header stand-in (k3-convert --export-headers writes them)", s->standin);
+    else
+        l->rc = k3_st_header_parse(&l->h, s->path, b + 32, n, size, &l->err);
+    if (!l->rc) {
+        s->size = size;
+        s->data_start = l->h.data_start;
+    }
+    free(buf);
+}
+
 static void load_shard(shard *s, shard_load *l, unsigned flags)
 {
     k3_err_clear(&l->err);
+    if (s->standin) {
+        load_standin(s, l);
+        return;
+    }
     int fd = k3_io_open_read(s->path, (flags & K3_ST_DIRECT) != 0, &s->direct, &l->err);
     if (fd < 0) {
         l->rc = fd;
@@ -502,6 +537,11 @@ static int check_against_index(k3_st *st, const index_map *m, const char *index_
 
 int k3_st_open(k3_st **out, const char *dir, unsigned flags, k3_err *e)
 {
+    return k3_st_open_headers(out, dir, NULL, flags, e);
+}
+
+int k3_st_open_headers(k3_st **out, const char *dir, const char *hdr_dir, unsigned flags, k3_err *e)
+{
     *out = NULL;
     struct stat sb;
     if (stat(dir, &sb) != 0)
@@ -537,6 +577,53 @@ int k3_st_open(k3_st **out, const char *dir, unsigned flags, k3_err *e)
             goto out;
         }
     }
+    char **standins = NULL;
+    if (hdr_dir) {
+        /* the shard list is the index's: the shards here are read, the
+         * others stood in for by their headers (k3_st.h) */
+        if (!have_index) {
+            rc = k3_err_set(e, K3_ENOENT, "%s: no %s: shards that are not here can only be named by the index", dir,
+                            INDEX_NAME);
+            goto out;
+        }
+        if ((rc = index_load(&m, index_path, e)))
+            goto out;
+        for (uint32_t i = 0; i < nfiles; i++) {
+            const char *key = files[i];
+            if (!bsearch(&key, m.shard_names, m.nshards, sizeof *m.shard_names, cmp_str)) {
+                rc = k3_err_set(e, K3_EFORMAT, "%s/%s: shard file is not referenced by %s", dir, files[i], INDEX_NAME);
+                goto out;
+            }
+        }
+        char **all = calloc(m.nshards ? m.nshards : 1, sizeof *all);
+        standins = calloc(m.nshards ? m.nshards : 1, sizeof *standins);
+        for (uint32_t i = 0; all && standins && i < m.nshards; i++) {
+            const char *key = m.shard_names[i];
+            char hp[4096];
+            if (!(all[i] = strdup(key)))
+                break;
+            if (bsearch(&key, files, nfiles, sizeof *files, cmp_str))
+                continue;
+            if (snprintf(hp, sizeof hp, "%s/%s%s", hdr_dir, key, K3_ST_STANDIN_SUFFIX) >= (int)sizeof hp ||
+                !(standins[i] = strdup(hp)))
+                break;
+            if (access(hp, F_OK) != 0) {
+                rc = k3_err_set(e, K3_ENOENT, "%s/%s: shard named by %s is neither here nor stood in for by %s", dir,
+                                key, INDEX_NAME, hp);
+                break;
+            }
+        }
+        uint32_t nall = m.nshards;
+        free_names(files, nfiles);
+        files = all;
+        nfiles = all ? nall : 0;
+        if (!rc && (!all || !standins || (nall && !all[nall - 1])))
+            rc = k3_err_set(e, K3_ENOMEM, "%s: out of memory", dir);
+        if (rc) {
+            free_names(standins, nall);
+            goto out;
+        }
+    }
     st->shards = calloc(nfiles ? nfiles : 1, sizeof *st->shards);
     loads = calloc(nfiles ? nfiles : 1, sizeof *loads);
     if (!st->shards || !loads) {
@@ -556,13 +643,20 @@ int k3_st_open(k3_st **out, const char *dir, unsigned flags, k3_err *e)
         }
         const char *slash = strrchr(s->path, '/');
         s->name = slash ? slash + 1 : s->path;
+        if (standins) {
+            s->standin = standins[i];
+            standins[i] = NULL;
+        }
     }
+    if (standins)
+        free_names(standins, nfiles);
 
     /* the index and every header are parsed in parallel (headers are most
      * of the work: 76 MB of JSON for K3); results are used in a fixed order */
     {
         open_job job = {.st = st, .loads = loads, .flags = flags, .nfiles = nfiles, .have_index = have_index,
                         .m = &m, .index_path = index_path, .index_err = &index_err, .index_rc = &index_rc};
+        job.have_index = have_index && !hdr_dir;
         run_open_jobs(&job);
     }
 
@@ -670,6 +764,46 @@ int k3_st_shard_fd(const k3_st *st, uint32_t i)
     return i < st->nshards ? st->shards[i].fd : -1;
 }
 
+int k3_st_shard_present(const k3_st *st, uint32_t i)
+{
+    return i < st->nshards && !st->shards[i].standin;
+}
+
+int k3_st_standin_bytes(const k3_st *st, uint32_t i, uint8_t **buf, uint64_t *len, k3_err *e)
+{
+    *buf = NULL;
+    *len = 0;
+    if (i >= st->nshards)
+        return k3_err_set(e, K3_EARG, "k3_st_standin_bytes: no shard %u", i);
+    const shard *s = &st->shards[i];
+    if (s->standin) {
+        char *b;
+        int rc = k3_io_read_file(s->standin, 24 + (uint64_t)K3_ST_MAX_HEADER, &b, len, e);
+        *buf = (uint8_t *)b;
+        return rc;
+    }
+    uint8_t *b = malloc((size_t)s->data_start + 24);
+    if (!b)
+        return k3_err_set(e, K3_ENOMEM, "%s: out of memory", s->path);
+    memcpy(b, K3_ST_STANDIN_MAGIC, 8);
+    for (int k = 0; k < 8; k++) {
+        b[8 + k] = (uint8_t)(s->size >> (8 * k));
+        b[16 + k] = (uint8_t)((s->data_start - 8) >> (8 * k));
+    }
+    /* a plain read: the header is small and need not be aligned */
+    int fd = k3_io_open_read(s->path, 0, NULL, e);
+    int rc = fd < 0 ? fd : k3_io_pread(fd, b + 24, s->data_start, 0, s->path, e);
+    if (fd >= 0)
+        close(fd);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    *buf = b;
+    *len = s->data_start + 24;
+    return 0;
+}
+
 int k3_st_shard_is_direct(const k3_st *st, uint32_t i)
 {
     return i < st->nshards ? st->shards[i].direct : 0;
@@ -686,6 +820,9 @@ int k3_st_read_range_bounce(const k3_st *st, const k3_st_tensor *t, uint64_t off
     if (!t || t->shard >= st->nshards)
         return k3_err_set(e, K3_EARG, "k3_st_read: tensor does not belong to this checkpoint");
     const shard *s = &st->shards[t->shard];
+    if (s->standin)
+        return k3_err_set(e, K3_ENOENT, "%s: tensor \"%.200s\": the shard is not here (only its header, %s)", s->path,
+                          t->name, s->standin);
     if (off > t->nbytes || n > t->nbytes - off)
         return k3_err_set(e, K3_EARG, "%s: tensor \"%.200s\": range [%" PRIu64 ", +%" PRIu64 ") is outside its %" PRIu64
                           " bytes", s->path, t->name, off, n, t->nbytes);

@@ -9,6 +9,11 @@
  * group is converted in one sequential pass over its shards (conv_run.c):
  * input hashed while read, output hashed while written, published by rename,
  * recorded in the journal. Output bytes depend only on the plan.
+ *
+ * Across machines (conv_part.c): the plan needs only the headers, so a
+ * machine holding some shards plans from stand-ins of the others
+ * (k3_st_open_headers), converts its groups into a part directory, and
+ * --merge renames the parts' files into one DST and writes the last files.
  */
 #ifndef K3_CONV_H
 #define K3_CONV_H
@@ -93,7 +98,10 @@ typedef struct k3_conv_plan {
 /* trunk_bf16: round every F16/F32 trunk tensor to BF16 (k3-convert
  * --trunk-dtype bf16, recorded in the manifest as lossy); 0 keeps every
  * trunk tensor in its upstream dtype, bytes copied. */
-int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, int trunk_bf16, k3_err *e);
+/* hdr_dir: NULL, or where stand-ins of the shards that are not in src are
+ * (k3_st_open_headers: k3-convert --part and --merge). */
+int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, int trunk_bf16, const char *hdr_dir,
+                       k3_err *e);
 void k3_conv_plan_free(k3_conv_plan *p);
 
 /* Options and results of a run. */
@@ -103,6 +111,8 @@ typedef struct k3_conv_opts {
     int dense;                  /* write zero blocks instead of leaving holes */
     int trunk_bf16;             /* --trunk-dtype bf16 (lossy, on request only) */
     FILE *progress;             /* stderr, or NULL */
+    const char *part;           /* --part SPEC: convert only these shards' groups (conv_part.c), or NULL */
+    const char *headers;        /* --headers DIR: stand-ins of the shards not in SRC (default: SRC) */
 } k3_conv_opts;
 
 typedef struct k3_conv_stats {
@@ -117,6 +127,17 @@ typedef struct k3_conv_stats {
  * journal removal). Returns 0 or a negative K3_E* (K3_EINTR if interrupted
  * through k3_conv_interrupt). */
 int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv_stats *s, k3_err *e);
+
+/* k3-convert --headers SRC OUT: write OUT/NAME.k3hdr (k3_st.h) for every
+ * shard in SRC, reading only the headers. */
+int k3_conv_headers(const char *src, const char *out, k3_err *e);
+
+/* k3-convert --merge DST PART...: check that the parts are finished parts of
+ * one conversion that together hold every group exactly once, move their
+ * files into DST (rename, same filesystem only) and write what a single run
+ * writes last (experts.idx, embed.crc, tokenizer files, manifest.json). */
+int k3_conv_merge(const char *dst, const char *const *parts, int nparts, const k3_conv_opts *o, k3_conv_stats *s,
+                  k3_err *e);
 
 /* Ask a running conversion to stop at the next chunk (async-signal-safe). */
 void k3_conv_interrupt(void);

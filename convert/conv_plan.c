@@ -439,7 +439,8 @@ static int load_tensors(k3_conv_plan *p, k3_man_expect *ex, uint32_t nex, int tr
     return 0;
 }
 
-int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, int trunk_bf16, k3_err *e)
+int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, int trunk_bf16, const char *hdr_dir,
+                       k3_err *e)
 {
     memset(p, 0, sizeof *p);
     snprintf(p->man.trunk_dtypes, sizeof p->man.trunk_dtypes, "%s", trunk_bf16 ? "bf16" : "source");
@@ -454,7 +455,7 @@ int k3_conv_plan_build(k3_conv_plan *p, const char *src, const char *dst, int tr
         goto fail;
     if ((rc = k3_cfg_load(&p->cfg, cpath, e)))
         goto fail;
-    if ((rc = k3_st_open(&p->st, src, 0, e)))
+    if ((rc = k3_st_open_headers(&p->st, src, hdr_dir, 0, e)))
         goto fail;
     p->man.cfg = p->cfg;
     if (!(p->man.cfg_json = k3_cfg_to_json(&p->cfg)) || !(p->man.producer = strdup("k3-convert 1"))) {

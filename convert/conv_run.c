@@ -487,7 +487,7 @@ fail:
 /* ---- DST preparation and the final files ------------------------------------- */
 
 /* k3-convert's destination: a packed model, written in place */
-static const k3_dest_tool conv_tool = {"k3-convert", K3_DEST_PACKED, NULL};
+const k3_dest_tool k3_conv_dest_tool = {"k3-convert", K3_DEST_PACKED, NULL};
 
 static int remove_journal(const char *dst, k3_err *e)
 {
@@ -543,7 +543,7 @@ static int prepare_dst(k3_conv_plan *p, const k3_conv_opts *o, k3_dest_state sta
                               "continue an interrupted conversion)", dst);
         /* only what k3_dest_clear recognises as a packed model's goes,
          * manifest.json first so the directory never looks complete */
-        if ((rc = k3_dest_clear(&conv_tool, dst, 0, 0, e)))
+        if ((rc = k3_dest_clear(&k3_conv_dest_tool, dst, 0, 0, e)))
             return rc;
     }
     k3_journal j;
@@ -637,7 +637,7 @@ static int write_embed_crcs(conv *cv, k3_err *e)
     return rc;
 }
 
-static int finish(conv *cv, k3_err *e)
+int k3_conv_finish(conv *cv, k3_err *e)
 {
     k3_conv_plan *p = cv->p;
     int rc = small_files(p, e);
@@ -701,6 +701,67 @@ static int finish(conv *cv, k3_err *e)
     return remove_journal(p->dst, e);
 }
 
+int k3_conv_cv_init(conv *cv, k3_conv_plan *plan, const k3_conv_opts *o, k3_conv_stats *s, k3_err *e)
+{
+    memset(cv, 0, sizeof *cv);
+    cv->p = plan;
+    cv->o = o;
+    cv->s = s;
+    for (uint32_t i = 0; i < K3_CONV_MAX_OPEN_RECORDS; i++)
+        cv->recs[i].rec = -1;
+    uint32_t ns = k3_st_shard_count(plan->st);
+    cv->shard_sha = calloc(ns ? ns : 1, 32);
+    cv->scratch = malloc(K3_CONV_CHUNK + 64);
+    cv->embed_t = -1;
+    for (uint64_t i = 0; i < plan->ntensors; i++) {
+        const k3_conv_tensor *ct = &plan->tensors[i];
+        if (ct->role == K3_CONV_T_TRUNK && !strcmp(plan->man.tensors[ct->out_tensor].name, K3_SCH_EMBED_NAME)) {
+            cv->embed_t = (int64_t)i;
+            cv->embed_group = plan->slot_group[ct->slot];
+            cv->erow_rb = plan->man.tensors[ct->out_tensor].shape[1] * k3_dtype_size(ct->out_dtype);
+        }
+    }
+    cv->erow = calloc(plan->cfg.vocab_size ? plan->cfg.vocab_size : 1, sizeof *cv->erow);
+    if (!cv->shard_sha || !cv->scratch || !cv->erow)
+        return k3_err_set(e, K3_ENOMEM, "out of memory");
+    return 0;
+}
+
+void k3_conv_cv_free(conv *cv)
+{
+    for (uint32_t i = 0; i < K3_CONV_MAX_OPEN_RECORDS; i++)
+        k3_io_free_aligned(cv->recs[i].buf);
+    free(cv->scratch);
+    free(cv->erow);
+    free(cv->shard_sha);
+    cv->scratch = NULL;
+    cv->erow = NULL;
+    cv->shard_sha = NULL;
+}
+
+int k3_conv_group_inputs_here(const k3_conv_plan *p, uint32_t g, uint32_t *shard, const char **tensor)
+{
+    const k3_conv_group *G = &p->groups[g];
+    for (uint32_t sh = G->shard_first; sh < G->shard_end; sh++)
+        if (!k3_st_shard_present(p->st, sh)) {
+            *shard = sh;
+            *tensor = NULL;
+            return 0;
+        }
+    /* what convert_group reads directly from earlier shards */
+    for (uint64_t i = 0; i < p->ntensors && p->tensors[i].st->shard < G->shard_first; i++) {
+        const k3_conv_tensor *ct = &p->tensors[i];
+        int mine = (ct->role == K3_CONV_T_TRUNK && p->slot_group[ct->slot] == g) ||
+                   (ct->role == K3_CONV_T_EXPERT && p->recs[ct->rec].group == g);
+        if (mine && !k3_st_shard_present(p->st, ct->st->shard)) {
+            *shard = ct->st->shard;
+            *tensor = ct->st->name;
+            return 0;
+        }
+    }
+    return 1;
+}
+
 int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv_stats *s, k3_err *e)
 {
     struct timespec t0, t1;
@@ -711,39 +772,33 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
         omp_set_num_threads(o->threads);
     /* DST checked against SRC, owned and locked before anything is read or made */
     k3_dest dest;
-    int rc = k3_dest_open(&dest, &conv_tool, src, dst, e);
+    int rc = k3_dest_open(&dest, &k3_conv_dest_tool, src, dst, e);
     if (rc)
         return rc;
     k3_conv_plan plan;
-    if ((rc = k3_conv_plan_build(&plan, src, dest.path, o->trunk_bf16, e))) {
+    /* a part may hold only some shards: the others are stood in for by their
+     * headers (k3_st.h), from --headers DIR or SRC itself */
+    const char *hdr = o->part ? (o->headers ? o->headers : src) : NULL;
+    if ((rc = k3_conv_plan_build(&plan, src, dest.path, o->trunk_bf16, hdr, e))) {
         k3_dest_close(&dest);
         return rc;
     }
-    conv cv = {.p = &plan, .o = o, .s = s};
+    conv cv;
     reader rd = {.p = &plan};
     pthread_mutex_init(&rd.mu, NULL);
     pthread_cond_init(&rd.cv, NULL);
-    for (uint32_t i = 0; i < K3_CONV_MAX_OPEN_RECORDS; i++)
-        cv.recs[i].rec = -1;
     uint32_t ns = k3_st_shard_count(plan.st);
-    cv.shard_sha = calloc(ns ? ns : 1, 32);
+    uint8_t *sel = calloc(plan.ngroups ? plan.ngroups : 1, 1);
+    rc = k3_conv_cv_init(&cv, &plan, o, s, e);
     rd.shard_sha = cv.shard_sha;
-    cv.scratch = malloc(K3_CONV_CHUNK + 64);
-    cv.embed_t = -1;
-    for (uint64_t i = 0; i < plan.ntensors; i++) {
-        const k3_conv_tensor *ct = &plan.tensors[i];
-        if (ct->role == K3_CONV_T_TRUNK &&
-            !strcmp(plan.man.tensors[ct->out_tensor].name, K3_SCH_EMBED_NAME)) {
-            cv.embed_t = (int64_t)i;
-            cv.embed_group = plan.slot_group[ct->slot];
-            cv.erow_rb = plan.man.tensors[ct->out_tensor].shape[1] * k3_dtype_size(ct->out_dtype);
-        }
-    }
-    cv.erow = calloc(plan.cfg.vocab_size ? plan.cfg.vocab_size : 1, sizeof *cv.erow);
-    if (!cv.shard_sha || !cv.scratch || !cv.erow) {
+    if (rc == 0 && !sel)
         rc = k3_err_set(e, K3_ENOMEM, "out of memory");
+    for (uint32_t g = 0; rc == 0 && !o->part && g < plan.ngroups; g++)
+        sel[g] = 1;
+    if (rc == 0 && o->part)
+        rc = k3_conv_part_select(&plan, o->part, sel, o->progress, e);
+    if (rc)
         goto out;
-    }
     rc = prepare_dst(&plan, o, dest.state, e);
     if (rc == 1) {
         rc = 0;
@@ -751,10 +806,14 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
     }
     if (rc)
         goto out;
-    s->groups = plan.ngroups;
     uint64_t todo = 0;
     for (uint32_t g = 0; g < plan.ngroups; g++) {
         const char *why = "";
+        if (!sel[g]) {
+            plan.groups[g].done = 1; /* another part's */
+            continue;
+        }
+        s->groups++;
         int done = o->resume ? k3_conv_journal_load_group(&cv, g, &why, e) : 0;
         if (done < 0) {
             rc = done;
@@ -770,7 +829,8 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
     }
     uint64_t biggest = 0;
     for (uint32_t i = 0; i < ns; i++)
-        biggest = k3_st_shard_size(plan.st, i) > biggest ? k3_st_shard_size(plan.st, i) : biggest;
+        if (k3_st_shard_present(plan.st, i))
+            biggest = k3_st_shard_size(plan.st, i) > biggest ? k3_st_shard_size(plan.st, i) : biggest;
     rd.chunk = (biggest + K3_IO_DIRECT_ALIGN - 1) / K3_IO_DIRECT_ALIGN * K3_IO_DIRECT_ALIGN;
     rd.chunk = rd.chunk < K3_CONV_CHUNK ? (rd.chunk ? rd.chunk : K3_IO_DIRECT_ALIGN) : K3_CONV_CHUNK;
     const char *ck = getenv("K3_CONVERT_CHUNK"); /* test knob: smaller read chunks */
@@ -797,18 +857,15 @@ int k3_conv_run(const char *src, const char *dst, const k3_conv_opts *o, k3_conv
         k3_progress_finish(cv.prog);
     k3_progress_free(cv.prog);
     if (rc == 0)
-        rc = finish(&cv, e);
+        rc = o->part ? k3_conv_part_finish(&cv, sel, e) : k3_conv_finish(&cv, e);
 out:
-    for (uint32_t i = 0; i < K3_CONV_MAX_OPEN_RECORDS; i++)
-        k3_io_free_aligned(cv.recs[i].buf);
+    k3_conv_cv_free(&cv);
+    free(sel);
     if (rd.arena)
         k3_io_huge_free(rd.arena, (uint64_t)K3_CONV_NCHUNKS * rd.chunk);
     k3_io_free_aligned(rd.bounce);
     pthread_mutex_destroy(&rd.mu);
     pthread_cond_destroy(&rd.cv);
-    free(cv.scratch);
-    free(cv.erow);
-    free(cv.shard_sha);
     k3_conv_plan_free(&plan);
     k3_dest_close(&dest);
     clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include "conv.h"
+#include "k3_dest.h"
 #include "k3_io.h"
 #include "k3_journal.h"
 #include "k3_progress.h"
@@ -91,6 +92,26 @@ typedef struct conv {
     uint32_t erow_c;            /* CRC of the current row so far */
     uint8_t erow_sha[32];       /* of the journal's embed-crc.bin */
 } conv;
+
+/* conv_run.c: what --part and --merge (conv_part.c) share with a whole run:
+ * the destination rules, the converter state, the last files. */
+extern const k3_dest_tool k3_conv_dest_tool;
+int k3_conv_cv_init(conv *cv, k3_conv_plan *plan, const k3_conv_opts *o, k3_conv_stats *s, k3_err *e);
+void k3_conv_cv_free(conv *cv);
+/* experts.idx, embed.crc, tokenizer files, manifest.json (last), then the
+ * journal goes */
+int k3_conv_finish(conv *cv, k3_err *e);
+/* 1 if every shard group g reads (its own, and the earlier ones holding
+ * tensors of its units and records) is here; else 0 with *shard and *tensor
+ * naming the first missing one */
+int k3_conv_group_inputs_here(const k3_conv_plan *p, uint32_t g, uint32_t *shard, const char **tensor);
+
+/* conv_part.c: which groups a --part SPEC selects (sel[g] = 1); a group of
+ * SPEC whose inputs are not all here is an error, except with "present",
+ * where it is left out with a note on progress (NULL: none). */
+int k3_conv_part_select(const k3_conv_plan *p, const char *spec, uint8_t *sel, FILE *progress, k3_err *e);
+/* A part's last step: the skeleton (.k3-convert-part/) and part.json, last. */
+int k3_conv_part_finish(conv *cv, const uint8_t *sel, k3_err *e);
 
 /* conv_read.c: the reader thread (arg: a reader) */
 void *k3_conv_reader_main(void *arg);

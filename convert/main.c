@@ -23,6 +23,9 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: k3-convert [options] SRC DST\n"
+            "       k3-convert --part SPEC [--headers DIR] [options] SRC PART\n"
+            "       k3-convert --merge [--force] [--rehash] DST PART...\n"
+            "       k3-convert --export-headers SRC DIR\n"
             "\n"
             "Convert the upstream checkpoint in directory SRC (config.json, *.safetensors,\n"
             "optional index and tokenizer files) into the packed model directory DST\n"
@@ -34,7 +37,23 @@ static void usage(FILE *f)
             "                groups recorded in DST/.k3-convert-journal are kept (their\n"
             "                files' sizes are checked), the rest is redone; the result is\n"
             "                byte-identical to an uninterrupted run\n"
-            "  --rehash      with --resume, also re-hash the kept files\n"
+            "  --rehash      with --resume, also re-hash the kept files; with --merge,\n"
+            "                re-hash every part's files before moving them\n"
+            "  --part SPEC   convert only some shards into the part directory PART, for\n"
+            "                --merge (one job per machine; see README, Conversion across\n"
+            "                machines). SPEC: present (the shards in SRC), J/N (job J of N,\n"
+            "                1-based: a contiguous run of the shards in name order) or shard\n"
+            "                file names separated by commas. Shards not in SRC are read from\n"
+            "                their headers (NAME.safetensors.k3hdr in SRC or --headers DIR)\n"
+            "  --headers DIR with --part: where the stand-ins of the shards not in SRC are\n"
+            "  --merge       DST PART...: put finished parts of one conversion together in\n"
+            "                DST by renaming their files (no data copied; parts must be on\n"
+            "                DST's filesystem); every shard in exactly one part; the result\n"
+            "                is byte-identical to one k3-convert of the whole checkpoint;\n"
+            "                an interrupted merge continues when run again\n"
+            "  --export-headers SRC DIR\n"
+            "                write DIR/NAME.safetensors.k3hdr, the header of each shard in\n"
+            "                SRC (under 1 MB each at K3 size), for the machines that do not hold it\n"
             "  --force       replace DST if it is a packed model holding nothing else\n"
             "                (removes manifest.json first; see README, Destinations)\n"
             "  --dense       write zero blocks instead of leaving holes\n"
@@ -55,9 +74,13 @@ static void usage(FILE *f)
             "buffers, at most %u expert records in assembly (17.5 MB each at K3 size),\n"
             "float expert sources staged one tensor at a time (at most 256 MiB each).\n"
             "\n"
-            "Exit status: 0 done, 2 usage, 3 bad input format, 4 I/O error, 6 over a limit,\n"
-            "7 DST exists, is not k3-convert's to replace or is in use, 8 disk full, 9 internal error, 130 interrupted (run again with\n"
-            "--resume).\n",
+            "Exit status: 0 done, 2 usage (also: --merge of parts that overlap, are of\n"
+            "different conversions or on another filesystem than DST), 3 bad input format,\n"
+            "4 I/O error (also: a shard --part needs is not here, --merge misses a shard\n"
+            "or an unfinished part), 5 a part's file is not what its journal says,\n"
+            "6 over a limit, 7 DST exists, is not k3-convert's to replace or is in use,\n"
+            "8 disk full, 9 internal error, 130 interrupted (run again with --resume; a\n"
+            "merge: run the same --merge again).\n",
             K3_CONV_MAX_OPEN_RECORDS);
 }
 
@@ -71,8 +94,8 @@ int main(int argc, char **argv)
 {
     k3_out_init("k3-convert");
     k3_conv_opts o = {0};
-    int json = 0;
-    const char *pos[2];
+    int json = 0, merge = 0, export_headers = 0;
+    const char *pos[argc > 2 ? argc : 2]; /* --merge takes any number of parts */
     int npos = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -96,6 +119,20 @@ int main(int argc, char **argv)
                 return K3_EXIT_USAGE;
             }
             o.trunk_bf16 = !strcmp(argv[++i], "bf16");
+        } else if (!strcmp(a, "--part") || !strcmp(a, "--headers")) {
+            if (i + 1 >= argc || !argv[i + 1][0]) {
+                fprintf(stderr, "k3-convert: error: %s needs %s (see --help)\n", a,
+                        a[2] == 'p' ? "SPEC: present, J/N or shard names" : "a directory");
+                return K3_EXIT_USAGE;
+            }
+            if (a[2] == 'p')
+                o.part = argv[++i];
+            else
+                o.headers = argv[++i];
+        } else if (!strcmp(a, "--merge")) {
+            merge = 1;
+        } else if (!strcmp(a, "--export-headers")) {
+            export_headers = 1;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--quiet")) {
@@ -112,18 +149,32 @@ int main(int argc, char **argv)
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "k3-convert: error: unknown option %s (see --help)\n", a);
             return K3_EXIT_USAGE;
-        } else if (npos < 2) {
+        } else if (npos < 2 || merge) {
             pos[npos++] = a;
         } else {
             fprintf(stderr, "k3-convert: error: too many arguments (see --help)\n");
             return K3_EXIT_USAGE;
         }
     }
-    if (npos != 2) {
-        fprintf(stderr, "k3-convert: error: need SRC and DST (see --help)\n");
+    if (merge + export_headers + !!o.part > 1) {
+        fprintf(stderr, "k3-convert: error: --part, --merge and --export-headers exclude each other\n");
         return K3_EXIT_USAGE;
     }
-    if (o.rehash && !o.resume) {
+    if (o.headers && !o.part) {
+        fprintf(stderr, "k3-convert: error: --headers only goes with --part\n");
+        return K3_EXIT_USAGE;
+    }
+    if (merge && (o.resume || o.dense || o.trunk_bf16 || o.threads)) {
+        fprintf(stderr, "k3-convert: error: --merge takes only --force, --rehash, --json and the progress options "
+                        "(the parts' options made their files)\n");
+        return K3_EXIT_USAGE;
+    }
+    if (merge ? npos < 2 : npos != 2) {
+        fprintf(stderr, "k3-convert: error: need %s (see --help)\n",
+                merge ? "DST and at least one PART" : export_headers ? "SRC and DIR" : "SRC and DST");
+        return K3_EXIT_USAGE;
+    }
+    if (o.rehash && !o.resume && !merge) {
         fprintf(stderr, "k3-convert: error: --rehash only goes with --resume\n");
         return K3_EXIT_USAGE;
     }
@@ -141,11 +192,23 @@ int main(int argc, char **argv)
 
     k3_err e = {0};
     k3_conv_stats s;
-    int rc = k3_conv_run(pos[0], pos[1], &o, &s, &e);
+    int rc = export_headers ? k3_conv_headers(pos[0], pos[1], &e)
+             : merge        ? k3_conv_merge(pos[0], pos + 1, npos - 1, &o, &s, &e)
+                            : k3_conv_run(pos[0], pos[1], &o, &s, &e);
     if (rc) {
         return k3_out_error(rc, "%s", e.msg[0] ? e.msg : k3_err_name(rc));
     }
-    if (json) {
+    if (json && export_headers) {
+        printf("{\"src\": ");
+        k3_json_fput_str(stdout, pos[0], strlen(pos[0]));
+        printf(", \"headers\": ");
+        k3_json_fput_str(stdout, pos[1], strlen(pos[1]));
+        printf("}\n");
+    } else if (json && merge) {
+        printf("{\"dst\": ");
+        k3_json_fput_str(stdout, pos[0], strlen(pos[0]));
+        printf(", \"parts\": %d, \"groups\": %u}\n", npos - 1, s.groups);
+    } else if (json) {
         double mb = 1e6 * (s.seconds > 0 ? s.seconds : 1e-9);
         fputs("{\"src\": ", stdout);
         k3_json_fput_str(stdout, pos[0], strlen(pos[0]));

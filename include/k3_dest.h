@@ -12,7 +12,8 @@
  *     recognises as its own kind of output: every entry is a file name that
  *     kind of output has (or a temporary or journal of it), and it carries
  *     that kind's signature (a packed model: manifest.json with "format":
- *     "k3-packed", or a k3-convert / k3-pack journal; a k3-synth checkpoint:
+ *     "k3-packed", or a k3-convert / k3-pack journal (a k3-convert --part
+ *     output is one: its journal, part.json, .k3-convert-part/); a k3-synth checkpoint:
  *     config.json and shards whose header metadata says "writer": "k3-synth").
  *     Anything else - a regular file, a symbolic link, a directory holding
  *     one file the tool did not write - is refused with K3_EEXIST (exit 7),

@@ -98,6 +98,32 @@ typedef struct k3_st k3_st;
  * reported does not depend on thread timing (index first, then shards in
  * name order). */
 int k3_st_open(k3_st **out, const char *dir, unsigned flags, k3_err *e);
+
+/*
+ * The same for a checkpoint of which only some shards are here (k3-convert
+ * --part: each machine holds some of the shards). dir must hold the index;
+ * its shard list is the checkpoint's. A shard the index names that is not in
+ * dir is stood in for by hdr_dir/NAME.k3hdr, which holds its header only:
+ *
+ *   0   8  magic "K3STHDR1"
+ *   8   8  u64 the shard's size in bytes
+ *   16  8  u64 N, the shard's header length
+ *   24  8+N the shard's first 8+N bytes, as they are (length prefix, JSON)
+ *
+ * Its tensors are in the table as if the shard were here (same shard
+ * numbers, offsets and sizes: everything that depends only on the headers is
+ * the same as with every shard present), k3_st_shard_present says 0, its fd
+ * is -1 and reading one of its tensors fails with K3_ENOENT naming it.
+ * hdr_dir NULL is k3_st_open. Missing stand-in: K3_ENOENT.
+ */
+#define K3_ST_STANDIN_MAGIC "K3STHDR1"
+#define K3_ST_STANDIN_SUFFIX ".k3hdr"
+int k3_st_open_headers(k3_st **out, const char *dir, const char *hdr_dir, unsigned flags, k3_err *e);
+/* 1 if shard i's data is here, 0 if only a stand-in is. */
+int k3_st_shard_present(const k3_st *st, uint32_t i);
+/* Shard i's stand-in bytes (the layout above; read from the shard, or the
+ * stand-in's own): a heap buffer the caller frees. */
+int k3_st_standin_bytes(const k3_st *st, uint32_t i, uint8_t **buf, uint64_t *len, k3_err *e);
 void k3_st_close(k3_st *st);   /* accepts NULL */
 
 uint64_t k3_st_tensor_count(const k3_st *st);
