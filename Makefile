@@ -177,7 +177,7 @@ MAN_PAGES = $(sort $(wildcard man/*.1))
 
 install: all install-man
 	install -d $(DESTDIR)$(PREFIX)/bin
-	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(TOOLS) $(MPI_TOOLS) $(DESTDIR)$(PREFIX)/bin
 
 # the manual pages alone (no build needed; tests/t_docs.c runs it)
 install-man:
