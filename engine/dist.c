@@ -12,11 +12,18 @@ static k3_dist *g_dist;
 k3_dist *k3_dist_get(void) { return g_dist; }
 void k3_dist_set(k3_dist *d) { g_dist = d; }
 
-uint64_t k3_dist_block(uint64_t rows, uint32_t size)
+static uint64_t split_at(uint64_t rows, uint32_t q, uint32_t size)
 {
-    uint64_t b = (rows + size - 1) / size;
-    b = (b + 15) / 16 * 16;
-    return b > 4096 ? 4096 : b ? b : 16;
+    if (q >= size)
+        return rows;
+    uint64_t r = (uint64_t)((unsigned __int128)rows * q / size) / 16 * 16;
+    return r < rows ? r : rows;
+}
+
+void k3_dist_rows(uint64_t rows, uint32_t q, uint32_t size, uint64_t *lo, uint64_t *hi)
+{
+    *lo = split_at(rows, q, size);
+    *hi = split_at(rows, q + 1, size);
 }
 
 static void status_fill(k3_dist_status *s, int code, uint32_t value)

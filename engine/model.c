@@ -116,11 +116,12 @@ static int mm_local(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows,
     return 0;
 }
 
-/* Over several ranks: the product in rounds of size x B rows (B =
- * k3_dist_block), rank q computing rows [(k*size + q) * B, +B) of round k
- * with mm_local, then every rank's rows to their place on every rank (Y
- * and rowp both NULL: computed and sent, not kept). Each row is computed
- * wholly on one rank by the kernel one process uses, so the same numbers. */
+/* Over several ranks: each rank computes the rows of [row0, row0 + rows)
+ * inside its own range of the matrix (k3_dist_rows) with mm_local, in
+ * rounds of at most K3_DIST_ROUND_ROWS rows per rank, and every rank's rows
+ * go to their place on every rank (Y and rowp both NULL: computed and sent,
+ * not kept). Each row is computed wholly on one rank by the kernel one
+ * process uses, so the same numbers. */
 static int mm_any(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T, float *Y,
                   float *const *rowp, k3_err *e)
 {
@@ -128,19 +129,24 @@ static int mm_any(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, c
     if (!d)
         return mm_local(m, W, row0, rows, X, T, Y, rowp, e);
     const uint32_t N = d->size;
-    const uint64_t B = k3_dist_block(rows, N);
     float *mine = (float *)(m->dsend + sizeof(k3_dist_status));
-    uint64_t n[K3_DIST_MAX_RANKS], lo[K3_DIST_MAX_RANKS];
-    for (uint64_t base = 0; base < rows; base += B * N) {
+    uint64_t a[K3_DIST_MAX_RANKS], len[K3_DIST_MAX_RANKS], n[K3_DIST_MAX_RANKS], most = 0;
+    for (uint32_t q = 0; q < N; q++) {
+        uint64_t lo, hi;
+        k3_dist_rows(view_rows(W), q, N, &lo, &hi);
+        a[q] = lo > row0 ? lo : row0;
+        const uint64_t b = hi < row0 + rows ? hi : row0 + rows;
+        len[q] = b > a[q] ? b - a[q] : 0;
+        most = len[q] > most ? len[q] : most;
+    }
+    const uint64_t RR = K3_DIST_ROUND_ROWS;
+    for (uint64_t k = 0; k == 0 || k * RR < most; k++) {
         for (uint32_t q = 0; q < N; q++) {
-            uint64_t a = base + q * B, b = a + B;
-            a = a < rows ? a : rows;
-            b = b < rows ? b : rows;
-            lo[q] = a;
-            n[q] = (b - a) * T * sizeof(float);
+            const uint64_t done = k * RR < len[q] ? k * RR : len[q];
+            n[q] = (len[q] - done < RR ? len[q] - done : RR) * T * sizeof(float);
         }
         const uint64_t nr = n[d->rank] / sizeof(float) / T;
-        int rc = nr ? mm_local(m, W, row0 + lo[d->rank], nr, X, T, mine, NULL, e) : 0;
+        int rc = nr ? mm_local(m, W, a[d->rank] + k * RR, nr, X, T, mine, NULL, e) : 0;
         d->st.trunk_gathers++;
         rc = k3_dist_gather(d, rc, e, m->dsend, n, m->drecv, m->dparts, e);
         if (rc < 0)
@@ -148,10 +154,10 @@ static int mm_any(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, c
         if (!Y && !rowp)
             continue;
         for (uint32_t q = 0; q < N; q++) {
-            const uint64_t nq = n[q] / sizeof(float) / T;
+            const uint64_t nq = n[q] / sizeof(float) / T, col = a[q] + k * RR - row0;
             const float *src = m->dparts[q];
             for (uint32_t t = 0; t < T && nq; t++)
-                memcpy((rowp ? rowp[t] : Y + (uint64_t)t * rows) + lo[q], src + (uint64_t)t * nq, nq * sizeof(float));
+                memcpy((rowp ? rowp[t] : Y + (uint64_t)t * rows) + col, src + (uint64_t)t * nq, nq * sizeof(float));
         }
     }
     return 0;
@@ -469,10 +475,10 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
     m->mmtmp = falloc(T * K3_MM_BLOCK, &bad);
     m->dist = k3_dist_get();
     if (m->dist && m->dist->size > 1) {
-        /* a product round: at most 4096 rows per rank (k3_dist_block); the
+        /* a product round: at most K3_DIST_ROUND_ROWS rows per rank; the
          * expert outputs: T x top-k latents */
         const uint64_t N = m->dist->size, S = sizeof(k3_dist_status);
-        uint64_t share = T * 4096 * sizeof(float), all = N * share;
+        uint64_t share = T * K3_DIST_ROUND_ROWS * sizeof(float), all = N * share;
         const uint64_t xo = has_moe ? T * d->TOPK * d->LAT * sizeof(float) : 0;
         share = share > xo ? share : xo;
         all = all > xo ? all : xo;
@@ -635,6 +641,13 @@ static void vadd(float *a, const float *b, uint64_t n)
         a[i] += b[i];
 }
 
+/* Over several ranks, group g done: every rank's status agreed, and the
+ * CRCs of units whose pieces several ranks read checked (k3_ws.h). */
+static int group_done(k3_model *m, uint32_t g, int code, k3_err *e)
+{
+    return k3_ws_has_dist_check(m->ws) ? k3_ws_dist_check(m->ws, g, code, e) : k3_model_agree(m, code, e);
+}
+
 /* One pass over the weights for the rows m->segs lays out (m->rows of them,
  * ids in m->ids); then the head for the m->nhead rows m->head_row, row i's
  * logits to m->head_dst[i]. */
@@ -703,7 +716,7 @@ static int forward_pass(k3_model *m, k3_err *e)
         if (rc == 0)
             rc = k3_ws_status(m->ws, e);   /* a streamed piece that failed to read */
         if (m->dist)
-            rc = k3_model_agree(m, rc, e);
+            rc = group_done(m, L, rc, e);
         if (rc < 0)
             return rc;
         memcpy(m->h, m->prefix, TE * sizeof(float));
@@ -743,7 +756,7 @@ static int forward_pass(k3_model *m, k3_err *e)
     if (rc == 0)
         rc = k3_ws_status(m->ws, e);
     if (m->dist)
-        rc = k3_model_agree(m, rc, e);
+        rc = group_done(m, g, rc, e);
     if (rc < 0)
         return rc;
     m->times.head += omp_get_wtime() - t0;

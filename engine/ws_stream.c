@@ -94,6 +94,8 @@ static void st_close(k3_ws *ws)
             free(w->grp[g].parts);
             free(w->grp[g].unit_part0);
             free(w->grp[g].unit_done);
+            for (uint32_t j = 0; j < w->grp[g].nlz; j++)
+                free(w->grp[g].lz[j].prow);
         }
     free(w->grp);
     free(w->tmpl);
@@ -107,6 +109,8 @@ static void st_close(k3_ws *ws)
     free(w->pf);
     free(w->miss);
     free(w->rowbuf);
+    free(w->dsend);
+    free(w->drecv);
     k3_io_free_aligned(w->bounce);
     k3_pk_close(w->pk);
     free(w);
@@ -115,7 +119,7 @@ static void st_close(k3_ws *ws)
 static const k3_ws_ops stream_ops = {
     "stream", k3_wss_st_describe, k3_wss_st_acquire, k3_wss_st_release, k3_wss_st_embed,
     k3_wss_st_batch_max, k3_wss_st_experts_acquire, k3_wss_st_experts_release, st_close, k3_wss_st_experts_prefetch,
-    k3_wss_st_rows_acquire, k3_wss_st_rows_release, k3_wss_st_status,
+    k3_wss_st_rows_acquire, k3_wss_st_rows_release, k3_wss_st_status, k3_wss_st_dist_check,
 };
 
 static void name_of(char *out, size_t cap, uint32_t g, uint32_t nl, k3_wslot s)
@@ -261,6 +265,52 @@ void k3_ws_stream_stats(const k3_ws *ws, k3_stream_stats *st)
     }
 }
 
+/* The pieces of a streamed matrix: chunk_rows rows each, and over several
+ * ranks cut at every rank's range too, so that each piece is one rank's. */
+static int cut_pieces(lazyt *L)
+{
+    const k3_dist *d = k3_dist_get();
+    const uint32_t N = d ? d->size : 1, me = d ? d->rank : 0;
+    uint64_t n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        n = 0;
+        for (uint32_t q = 0; q < N; q++) {
+            uint64_t lo = 0, hi = L->rows;
+            if (d)
+                k3_dist_rows(L->rows, q, N, &lo, &hi);
+            if (pass && q == me)
+                L->c0 = (uint32_t)n;
+            for (uint64_t r = lo; r < hi; r += L->chunk_rows) {
+                if (pass)
+                    L->prow[n] = r;
+                n++;
+            }
+            if (pass && q == me)
+                L->c1 = (uint32_t)n;
+        }
+        if (!pass && !(L->prow = malloc((n + 1) * sizeof *L->prow)))
+            return -1;
+    }
+    L->prow[n] = L->rows;
+    L->nchunks = (uint32_t)n;
+    return 0;
+}
+
+/* The rank that reads piece c of L (-1 in one process). */
+static int32_t piece_rank(const lazyt *L, uint32_t c)
+{
+    const k3_dist *d = k3_dist_get();
+    if (!d)
+        return -1;
+    for (uint32_t q = 0; q < d->size; q++) {
+        uint64_t lo, hi;
+        k3_dist_rows(L->rows, q, d->size, &lo, &hi);
+        if (L->prow[c] >= lo && L->prow[c] < hi)
+            return (int32_t)q;
+    }
+    return -1;
+}
+
 /* Split group g into a core and pieces of at most piece bytes for every
  * lazy-capable matrix larger than that (none if piece == 0). */
 static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
@@ -301,7 +351,8 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
         L->rows = pt->shape[0];
         L->rowbytes = pt->nbytes / pt->shape[0];
         L->chunk_rows = piece / L->rowbytes ? piece / L->rowbytes : 1;
-        L->nchunks = (uint32_t)((L->rows + L->chunk_rows - 1) / L->chunk_rows);
+        if (cut_pieces(L) < 0)
+            return k3_err_set(e, K3_ENOMEM, "out of memory");
     }
     if (!G->nlz)
         return 0;
@@ -338,6 +389,7 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
                 S->part = G->nparts;
                 pos += (stop + 4095) / 4096 * 4096 - cur / 4096 * 4096;
                 G->parts[G->nparts].a = cur;
+                G->parts[G->nparts].rank = -1;
                 G->parts[G->nparts++].b = stop;
             }
             if (nj < 0)
@@ -348,6 +400,7 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
                 uint64_t a, b;
                 k3_wss_piece_range(G, (uint32_t)nj, c, &a, &b);
                 G->parts[G->nparts].a = a;
+                G->parts[G->nparts].rank = piece_rank(L, c);
                 G->parts[G->nparts++].b = b;
             }
             cur = L->off + L->rows * L->rowbytes;
@@ -388,7 +441,7 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
     uint32_t at = 1;
     for (uint32_t j = 0; j < G->nlz; j++) {
         G->lz[j].pos0 = at;
-        at += G->lz[j].nchunks;
+        at += G->lz[j].c1 - G->lz[j].c0;
     }
     return 0;
 }
@@ -447,19 +500,29 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
         if (!p->pinned[g]) {
             nitems++;
             for (uint32_t j = 0; j < w->grp[g].nlz; j++)
-                nitems += w->grp[g].lz[j].nchunks;
+                nitems += w->grp[g].lz[j].c1 - w->grp[g].lz[j].c0;
         }
     w->order = calloc(nitems + 1, sizeof *w->order);
     w->pos = calloc(w->ng, sizeof *w->pos);
     if (!w->order || !w->pos)
         return k3_err_set(e, K3_ENOMEM, "out of memory");
+    const k3_dist *d = k3_dist_get();
+    if (d) {   /* the piece CRCs of a group (k3_wss_st_dist_check) */
+        uint64_t most = 0;
+        for (uint32_t g = 0; g < w->ng; g++)
+            most = w->grp[g].nparts > most ? w->grp[g].nparts : most;
+        w->dsend = malloc(sizeof(k3_dist_status) + 4 * most);
+        w->drecv = malloc(d->size * sizeof(k3_dist_status) + 4 * most);
+        if (!w->dsend || !w->drecv)
+            return k3_err_set(e, K3_ENOMEM, "out of memory");
+    }
     for (uint32_t g = 0; g < w->ng; g++)
         if (!p->pinned[g]) {
             w->pos[g] = w->norder;
             w->order[w->norder++] = (item){g, -1, 0};
             for (uint32_t j = 0; j < w->grp[g].nlz; j++)
-                for (uint32_t k = 0; k < w->grp[g].lz[j].nchunks; k++)
-                    w->order[w->norder++] = (item){g, (int32_t)j, k};
+                for (uint32_t k = w->grp[g].lz[j].c0; k < w->grp[g].lz[j].c1; k++)
+                    w->order[w->norder++] = (item){g, (int32_t)j, k};   /* this rank's pieces */
         }
     /* 2 MiB: a 16 MiB row piece is read by the four I/O threads at once and
      * its CRC split between them; in 16 MiB chunks one thread read a piece

@@ -17,6 +17,7 @@
 #include <zlib.h>
 
 #include "k3_crc.h"
+#include "k3_dist.h"
 #include "k3_io.h"
 #include "k3_kern.h"
 #include "k3_out.h"
@@ -37,6 +38,7 @@ typedef struct part {
     uint64_t a, b;
     uint32_t crc;
     uint8_t have;
+    int32_t rank;              /* over several ranks: the one rank that reads this piece; -1 every rank */
 } part;
 
 /* A run of a unit without streamed matrices, read into the core region at pos. */
@@ -49,6 +51,11 @@ typedef struct seg {
 typedef struct lazyt {
     uint32_t slot, file, nchunks, part0, pos0;   /* pos0: its first piece in the order, from the core */
     uint64_t off, rowbytes, rows, chunk_rows;
+    /* piece c holds rows [prow[c], prow[c + 1]); over several ranks the
+     * pieces are cut at every rank's range (k3_dist_rows) and this rank
+     * reads only its own, [c0, c1) (all of them in one process) */
+    uint64_t *prow;
+    uint32_t c0, c1;
 } lazyt;
 
 typedef struct grp {
@@ -118,6 +125,7 @@ typedef struct ws_stream {
     k3_view cur[K3_W_COUNT];
     const k3_pk_tensor *embed;
     uint8_t *rowbuf, *bounce;
+    uint8_t *dsend, *drecv;    /* over several ranks: the piece CRCs sent and received (dist_check) */
     uint64_t bounce_cap;
     const k3_pk_expert_layout *lay;
     int started, planned, trunk_crc;
@@ -215,6 +223,7 @@ int k3_wss_st_rows_acquire(k3_ws *ws, uint32_t g, k3_wslot s, uint64_t row, uint
                            k3_err *e);
 void k3_wss_st_rows_release(k3_ws *ws, uint32_t g, k3_wslot s);
 int k3_wss_st_status(k3_ws *ws, k3_err *e);
+int k3_wss_st_dist_check(k3_ws *ws, uint32_t g, int code, k3_err *e);
 int k3_wss_st_describe(k3_ws *ws, uint32_t g, k3_wslot s, k3_view *out, k3_err *e);
 int k3_wss_st_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_err *e);
 void *k3_wss_io_main(void *arg);

@@ -204,9 +204,8 @@ static int read_core(ws_stream *w, uint32_t g, uint8_t *dst, k3_err *e)
 void k3_wss_piece_range(const grp *G, uint32_t j, uint32_t c, uint64_t *a, uint64_t *b)
 {
     const lazyt *L = &G->lz[j];
-    *a = L->off + (uint64_t)c * L->chunk_rows * L->rowbytes;
-    uint64_t end = L->off + L->rows * L->rowbytes, n = L->chunk_rows * L->rowbytes;
-    *b = end - *a < n ? end : *a + n;
+    *a = L->off + L->prow[c] * L->rowbytes;
+    *b = L->off + L->prow[c + 1] * L->rowbytes;
 }
 
 uint64_t k3_wss_piece_region(const grp *G, uint32_t j, uint32_t c)
@@ -229,7 +228,7 @@ static int read_piece(ws_stream *w, uint32_t g, uint32_t j, uint32_t c, uint8_t 
         char name[48], what[96];
         group_name(w, g, name, sizeof name);
         snprintf(what, sizeof what, "trunk of %s, %s rows from %llu", name, k3_wslot_name((k3_wslot)G->lz[j].slot),
-                 (unsigned long long)(c * G->lz[j].chunk_rows));
+                 (unsigned long long)G->lz[j].prow[c]);
         return err_wrap(e, rc, what);
     }
     part *P = &G->parts[G->lz[j].part0 + c];
@@ -416,7 +415,12 @@ int k3_wss_st_rows_acquire(k3_ws *ws, uint32_t g, k3_wslot s, uint64_t row, uint
         return k3_err_set(e, K3_EINTERNAL, "no streamed rows %llu of %s in group %u", (unsigned long long)row,
                           k3_wslot_name(s), g);
     const lazyt *L = &G->lz[j];
-    const uint32_t c = (uint32_t)(row / L->chunk_rows);
+    uint32_t c = L->c0;
+    while (c < L->c1 && L->prow[c + 1] <= row)
+        c++;
+    if (c == L->c1 || row < L->prow[c])
+        return k3_err_set(e, K3_EINTERNAL, "row %llu of %s in group %u is not read by this rank",
+                          (unsigned long long)row, k3_wslot_name(s), g);
     double t0 = now_s();
     pthread_mutex_lock(&w->ring_mu);
     if (w->perr_rc) {
@@ -442,7 +446,7 @@ int k3_wss_st_rows_acquire(k3_ws *ws, uint32_t g, k3_wslot s, uint64_t row, uint
             pthread_cond_broadcast(&w->ring_cv);
             continue;
         }
-        uint32_t want = w->pos[g] + L->pos0 + c;
+        uint32_t want = w->pos[g] + L->pos0 + (c - L->c0);
         if (w->next != want) {
             w->next = want;
             pthread_cond_broadcast(&w->ring_cv);
@@ -460,8 +464,7 @@ int k3_wss_st_rows_acquire(k3_ws *ws, uint32_t g, k3_wslot s, uint64_t row, uint
         return w->perr_rc;
     }
     r->state = R_INUSE;
-    const uint64_t first = (uint64_t)c * L->chunk_rows;
-    uint64_t last = first + L->chunk_rows < L->rows ? first + L->chunk_rows : L->rows;
+    const uint64_t first = L->prow[c], last = L->prow[c + 1];
     *data = w->pring + r->off + r->skip + (row - first) * L->rowbytes;
     *n = last - row;
     pthread_mutex_unlock(&w->ring_mu);
@@ -520,6 +523,66 @@ int k3_wss_st_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_e
             return err_wrap(e, rc, what);
         }
         w->st.embed_bytes += cost;
+    }
+    return 0;
+}
+
+/* Over several ranks a unit whose pieces are read by different ranks is
+ * checked here, after its group, by every rank: each sends the CRCs of its
+ * own pieces of g (in part order), and every rank folds the unit's parts -
+ * its own segments and pieces, the others' pieces - and compares with the
+ * unit's CRC. All ranks fold the same numbers, so all reach the same
+ * verdict. Units whose parts one rank reads whole are checked by its reader
+ * (check_units). */
+int k3_wss_st_dist_check(k3_ws *ws, uint32_t g, int code, k3_err *e)
+{
+    ws_stream *w = (ws_stream *)ws;
+    k3_dist *d = k3_dist_get();
+    if (!d)
+        return code;
+    const grp *G = g < w->ng ? &w->grp[g] : NULL;
+    if (!G || G->pinned || !G->nlz || !w->started)
+        return k3_dist_agree(d, code, e, 0, NULL, e);
+    const uint32_t N = d->size, me = d->rank;
+    const uint64_t S = sizeof(k3_dist_status);
+    uint64_t n[K3_DIST_MAX_RANKS] = {0};
+    uint32_t *mine = (uint32_t *)(w->dsend + S);
+    pthread_mutex_lock(&w->ring_mu);   /* the reader wrote them */
+    for (uint32_t p = 0; p < G->nparts; p++)
+        if (G->parts[p].rank >= 0) {
+            if ((uint32_t)G->parts[p].rank == me)
+                mine[n[me] / 4] = G->parts[p].crc;
+            n[G->parts[p].rank] += 4;
+        }
+    pthread_mutex_unlock(&w->ring_mu);
+    const void *from[K3_DIST_MAX_RANKS];
+    int rc = k3_dist_gather(d, code, e, w->dsend, n, w->drecv, from, e);
+    if (rc < 0 || !w->trunk_crc)
+        return rc;
+    uint32_t at[K3_DIST_MAX_RANKS] = {0};
+    for (uint32_t i = 0; i < G->nunits; i++) {
+        const uint32_t p0 = G->unit_part0[i], p1 = G->unit_part0[i + 1];
+        int shared = 0;
+        uLong v = 0;
+        for (uint32_t p = p0; p < p1; p++) {
+            const part *P = &G->parts[p];
+            uint32_t c = P->crc;
+            if (P->rank >= 0) {
+                const uint32_t q = (uint32_t)P->rank;
+                c = ((const uint32_t *)from[q])[at[q]++];
+                shared |= q != me;
+            }
+            v = p == p0 ? c : crc32_combine(v, c, (z_off_t)(P->b - P->a));
+        }
+        const k3_pk_unit *u = k3_pk_unit_at(w->pk, G->units[i]);
+        if (shared && (uint32_t)v != u->crc32) {
+            char name[48];
+            group_name(w, g, name, sizeof name);
+            return k3_err_set(e, K3_ECORRUPT,
+                              "%s: unit %u (layer %d) at offset %llu has CRC32 %08x, expected %08x (trunk of %s, its "
+                              "pieces read by %u ranks)", k3_pk_file_at(w->pk, u->file)->path, G->units[i], u->layer,
+                              (unsigned long long)u->offset, (uint32_t)v, u->crc32, name, N);
+        }
     }
     return 0;
 }

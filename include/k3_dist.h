@@ -7,9 +7,10 @@
  * the same order: open an engine, plan, load, create a sequence, run a
  * step... (engine/follow.c). Each rank opens the model from its own disk
  * under its own budget and computes only its share of every product:
- *   - a trunk product's output rows are dealt in blocks (k3_dist_block):
- *     each output row is computed wholly by one rank, with the one kernel
- *     of every rank count, then every rank gets every row (allgather);
+ *   - a trunk product's output rows are split in one range per rank
+ *     (k3_dist_rows): each output row is computed wholly by one rank, with
+ *     the one kernel of every rank count, then every rank gets every row
+ *     (allgather, in rounds of at most K3_DIST_ROUND_ROWS rows per rank);
  *   - routed expert e runs on rank e mod N (k3_dist_expert_rank) for the
  *     rows that route to it; the outputs go to every rank, which sums them in
  *     each row's top-k order, as one process does.
@@ -86,10 +87,13 @@ int k3_follow(k3_dist *d, k3_err *e);
 /* Rank 0, leaving: the followers' last order. */
 int k3_follow_stop(k3_dist *d, k3_err *e);
 
-/* Rows per rank per round for a product of rows output rows over size
- * ranks: rows / size rounded up to 16, at most 4096 (so the buffers are
- * bounded). Round k gives rank q the rows [(k*size + q) * B, +B). */
-uint64_t k3_dist_block(uint64_t rows, uint32_t size);
+/* The output rows of a matrix of rows rows that rank q of size computes:
+ * [*lo, *hi), one contiguous range per rank, its ends multiples of 16 (but
+ * the last). A streaming source reads only these rows of each streamed
+ * matrix (its pieces are cut at these ends). */
+void k3_dist_rows(uint64_t rows, uint32_t q, uint32_t size, uint64_t *lo, uint64_t *hi);
+/* Rows per rank per gather round: the buffers hold this many rows per rank. */
+#define K3_DIST_ROUND_ROWS 4096u
 static inline uint32_t k3_dist_expert_rank(uint32_t expert, uint32_t size) { return expert % size; }
 
 /* Every rank's code and value: 0 if every code is 0 and every value equals

@@ -91,6 +91,12 @@ typedef struct k3_ws_ops {
     int (*rows_acquire)(k3_ws *ws, uint32_t g, k3_wslot s, uint64_t row, uint64_t *n, const void **data, k3_err *e);
     void (*rows_release)(k3_ws *ws, uint32_t g, k3_wslot s);
     int (*status)(k3_ws *ws, k3_err *e);
+    /* Optional, over several ranks (k3_dist.h): group g is done on every
+     * rank with status code (0 or this rank's failure). A source that reads
+     * only this rank's pieces checks here, with every rank, the CRCs of the
+     * units their pieces share; without it the model just agrees on code.
+     * Every rank calls it for the same groups in the same order. */
+    int (*dist_check)(k3_ws *ws, uint32_t g, int code, k3_err *e);
 } k3_ws_ops;
 
 struct k3_ws {
@@ -156,6 +162,11 @@ static inline int k3_ws_rows_acquire(k3_ws *ws, uint32_t g, k3_wslot s, uint64_t
 }
 static inline void k3_ws_rows_release(k3_ws *ws, uint32_t g, k3_wslot s) { ws->ops->rows_release(ws, g, s); }
 static inline int k3_ws_status(k3_ws *ws, k3_err *e) { return ws->ops->status ? ws->ops->status(ws, e) : 0; }
+static inline int k3_ws_dist_check(k3_ws *ws, uint32_t g, int code, k3_err *e)
+{
+    return ws->ops->dist_check(ws, g, code, e);
+}
+static inline int k3_ws_has_dist_check(const k3_ws *ws) { return ws->ops->dist_check != NULL; }
 static inline void k3_ws_experts_prefetch(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n)
 {
     if (ws->ops->experts_prefetch)
