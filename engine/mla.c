@@ -141,9 +141,7 @@ int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
         }
     });
     /* values: per head, Wvb_h . o_lat_h for the chunk's tokens */
-    for (uint32_t h = 0; h < MH; h++)
-        K3_TRY(k3_model_mm_rows(m, kvb, (uint64_t)h * kvb_rows_per_head + NOPE, VD, m->molat + (uint64_t)h * T * KVL, T,
-                         m->mov + (uint64_t)h * T * VD, e));
+    K3_TRY(k3_model_mm_heads(m, kvb, MH, kvb_rows_per_head, NOPE, VD, m->molat, (uint64_t)T * KVL, T, m->mov, e));
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < MH; h++)
             memcpy(m->mo + ((uint64_t)t * MH + h) * VD, m->mov + ((uint64_t)h * T + t) * VD, VD * sizeof(float));

@@ -163,10 +163,32 @@ static int mm_any(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, c
     return 0;
 }
 
-int k3_model_mm_rows(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T,
-                     float *Y, k3_err *e)
+int k3_model_mm_heads(k3_model *m, const k3_view *W, uint32_t H, uint64_t rows_per_head, uint64_t off, uint64_t rows,
+                      const float *X, uint64_t x_stride, uint32_t T, float *Y, k3_err *e)
 {
-    return mm_any(m, W, row0, rows, X, T, Y, NULL, e);
+    k3_dist *d = m->dist;
+    const uint64_t y_stride = (uint64_t)T * rows;
+    if (!d) {
+        for (uint32_t h = 0; h < H; h++)
+            K3_TRY(mm_local(m, W, h * rows_per_head + off, rows, X + h * x_stride, T, Y + h * y_stride, NULL, e));
+        return 0;
+    }
+    /* rank q: heads [H q / N, H (q + 1) / N), whose outputs lie end to end in Y */
+    const uint32_t N = d->size, h0 = (uint32_t)((uint64_t)H * d->rank / N), h1 = (uint32_t)((uint64_t)H * (d->rank + 1) / N);
+    float *mine = (float *)(m->dsend + sizeof(k3_dist_status));
+    uint64_t n[K3_DIST_MAX_RANKS];
+    for (uint32_t q = 0; q < N; q++)
+        n[q] = ((uint64_t)H * (q + 1) / N - (uint64_t)H * q / N) * y_stride * sizeof(float);
+    int rc = 0;
+    for (uint32_t h = h0; h < h1 && rc == 0; h++)
+        rc = mm_local(m, W, h * rows_per_head + off, rows, X + h * x_stride, T, mine + (h - h0) * y_stride, NULL, e);
+    d->st.trunk_gathers++;
+    rc = k3_dist_gather(d, rc, e, m->dsend, n, m->drecv, m->dparts, e);
+    if (rc < 0)
+        return rc;
+    for (uint32_t q = 0; q < N; q++)
+        memcpy(Y + (uint64_t)H * q / N * y_stride, m->dparts[q], n[q]);
+    return 0;
 }
 
 int k3_model_mm(k3_model *m, const k3_view *W, const float *X, uint32_t T, float *Y, k3_err *e)
@@ -482,6 +504,10 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
         const uint64_t xo = has_moe ? T * d->TOPK * d->LAT * sizeof(float) : 0;
         share = share > xo ? share : xo;
         all = all > xo ? all : xo;
+        /* the MLA values by heads (k3_model_mm_heads) */
+        const uint64_t hv = d->n_mla ? T * d->VD * sizeof(float) : 0;
+        share = share > (d->MH + N - 1) / N * hv ? share : (d->MH + N - 1) / N * hv;
+        all = all > d->MH * hv ? all : d->MH * hv;
         m->dsend = malloc(S + share);
         m->drecv = malloc(N * S + all);
         m->dparts = calloc(N, sizeof *m->dparts);

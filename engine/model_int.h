@@ -146,10 +146,13 @@ static inline float k3_situf(float g, float u, float b1, float b2)
  * first error of a streamed matrix's read (in *e; the rest of the product is
  * not computed and the caller returns it at once). */
 int k3_model_mm(k3_model *m, const k3_view *W, const float *X, uint32_t T, float *Y, k3_err *e);
-/* The same on a raw row range of a matrix (rows from row0). */
-int k3_model_mm_rows(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, const float *X, uint32_t T,
-                     float *Y, k3_err *e);
 
+/* For each of H heads h: rows [h * rows_per_head + off, + rows) of W times
+ * the head's own X + h * x_stride, into Y + h * T * rows. Over several
+ * ranks each rank computes whole heads and one gather gives every rank
+ * every head. */
+int k3_model_mm_heads(k3_model *m, const k3_view *W, uint32_t H, uint64_t rows_per_head, uint64_t off, uint64_t rows,
+                      const float *X, uint64_t x_stride, uint32_t T, float *Y, k3_err *e);
 /* Over several ranks: every rank's share of the expert outputs m->mout of
  * the pass's T rows (rank e mod N ran expert e), into every rank's m->mout;
  * code is this rank's status (0 or its failure), the result as
