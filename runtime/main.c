@@ -583,7 +583,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "k3-run:   sequences      %u planned; the budget admits at most %u of %u tokens each\n",
                 mem.planned_seqs, mem.max_seqs, mem.max_ctx);
         if (plan_only && probe)
-            rc = k3_probe_print(model_dir, &eo, &sz, plan, ram_arg, info.max_chunk, stderr, "k3-run: ", &e);
+            rc = k3_probe_print(model_dir, &eo, &sz, plan, ram_arg, info.max_chunk, ids, n_ids, stderr, "k3-run: ", &e);
         if (plan_only)
             goto out;
         if (!info.direct)

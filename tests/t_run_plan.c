@@ -48,6 +48,8 @@ K3_TEST(run_plan_probe_predicts_every_budget_it_can_hold)
     CHECK_STR_CONTAINS(err, "GB/s trunk");
     CHECK_STR_CONTAINS(err, "O_DIRECT");
     CHECK_STR_CONTAINS(err, "predicted s/token");
+    CHECK_STR_CONTAINS(err, "probe: routes of the 3 prompt ids by the routers of");
+    CHECK_STR_CONTAINS(err, "chunk experts     prompt bound");
     CHECK_STR_CONTAINS(err, "floor (this budget)");
     CHECK_STR_CONTAINS(err, "resident");
     free(out);
