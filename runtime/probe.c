@@ -7,7 +7,7 @@
  * 512 MiB), four requests in flight, with O_DIRECT so that the page cache
  * neither helps nor hides the device. Kernels: a bf16 and an MXFP4 product of
  * 8192 (bf16) and 16384 (MXFP4) rows by the model's hidden size, for T = 1
- * ... 64 vectors, with the threads the run will use, over copies of the
+ * ... 256 vectors (the longest pass a budget takes), with the threads the run will use, over copies of the
  * matrix filling 192 MiB or more, so that the weights come from memory, as
  * streamed weights do (about 250 MB while it runs).
  *
@@ -268,13 +268,15 @@ static int cmp_d(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Seconds per weight byte of a product of T rows: median of 5 calls, each on
- * the next copy of the matrix. */
+/* Seconds per weight byte of a product of T rows: median of 5 calls (3 from
+ * 128 rows on, each of which takes a tenth of a second or more), each on the
+ * next copy of the matrix. */
 static double time_product(int mx, const uint8_t *pool, uint64_t bytes, uint32_t copies, uint64_t rows,
                            uint64_t cols, const float *X, uint32_t T, float *Y)
 {
     double t[5];
-    for (int r = -1; r < 5; r++) {   /* one call first: threads up, pages in */
+    const int n = T >= 128 ? 3 : 5;
+    for (int r = -1; r < n; r++) {   /* one call first: threads up, pages in */
         const uint8_t *w = pool + (uint64_t)((r + 1) % copies) * bytes;
         double t0 = k3_now_s();
         if (mx)
@@ -284,8 +286,8 @@ static double time_product(int mx, const uint8_t *pool, uint64_t bytes, uint32_t
         if (r >= 0)
             t[r] = k3_now_s() - t0;
     }
-    qsort(t, 5, sizeof *t, cmp_d);
-    return t[2] / (double)bytes;
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    return t[n / 2] / (double)bytes;
 }
 
 static int probe_kernels(const k3_cfg *c, k3_probe *p, k3_err *e)
@@ -294,13 +296,13 @@ static int probe_kernels(const k3_cfg *c, k3_probe *p, k3_err *e)
     const uint64_t bb = rows * cols * 2, mb = mrows * cols / 2 + mrows * cols / 32;
     const uint32_t cb = (uint32_t)(PROBE_POOL / bb + 1), cm = (uint32_t)(PROBE_POOL / mb + 1);
     uint8_t *pool = malloc(PROBE_POOL + bb + mb);
-    float *X = malloc(64 * cols * sizeof *X), *Y = malloc(64 * mrows * sizeof *Y);
+    float *X = malloc(256 * cols * sizeof *X), *Y = malloc(256 * mrows * sizeof *Y);
     if (!pool || !X || !Y) {
         free(pool), free(X), free(Y);
         return k3_err_set(e, K3_ENOMEM, "out of memory for the kernel probe");
     }
     uint64_t s = 0x51;
-    for (uint64_t i = 0; i < 64 * cols; i++)
+    for (uint64_t i = 0; i < 256 * cols; i++)
         X[i] = (float)((int64_t)(mix(&s) >> 40) - (1 << 23)) / (float)(1 << 23);
     /* bf16 weights in [-1, 1): sign, exponent 120..126, random mantissa */
     for (uint64_t i = 0; i + 1 < (uint64_t)cb * bb; i += 2) {
@@ -344,7 +346,7 @@ static double per_byte(const double *s, double T)
         return s[0];
     double l = log2(T);
     if (l >= K3_PROBE_NT - 1)
-        return s[K3_PROBE_NT - 1] * T / 64.0;   /* beyond 64 rows: the time grows with T */
+        return s[K3_PROBE_NT - 1] * T / (double)(1u << (K3_PROBE_NT - 1));   /* beyond: the time grows with T */
     int i = (int)l;
     double f = l - i;
     return s[i] * pow(s[i + 1] / s[i], f);
@@ -549,10 +551,10 @@ int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_si
             pre, p.seconds, p.trunk_bps / G, (unsigned long long)(p.trunk_read >> 20), p.expert_bps / G,
             (unsigned long long)(len ? p.expert_read / len : 0), p.rec_bytes / 1048576.0,
             p.direct ? ", O_DIRECT" : ", buffered (no O_DIRECT here)");
-    fprintf(f, "%sprobe: products of 8192 (bf16) and 16384 (MXFP4) rows, %d threads: bf16 %.1f GB/s of weights at T = 1, %.1f GFLOP/s at "
-               "T = 64; MXFP4 %.1f GB/s at T = 1, %.1f GFLOP/s at T = 64\n",
-            pre, omp_get_max_threads(), 1 / p.bf16_s[0] / G, 64.0 / p.bf16_s[6] / G, 1 / p.mx_s[0] / G,
-            2.0 * 64 * 32 / 17 / p.mx_s[6] / G);
+    fprintf(f, "%sprobe: products of 8192 (bf16) and 16384 (MXFP4) rows, %d threads: bf16 %.1f GB/s of weights at T = 1, %.1f / %.1f GFLOP/s at "
+               "T = 64 / 256; MXFP4 %.1f GB/s at T = 1, %.1f / %.1f GFLOP/s at T = 64 / 256\n",
+            pre, omp_get_max_threads(), 1 / p.bf16_s[0] / G, 64.0 / p.bf16_s[6] / G, 256.0 / p.bf16_s[8] / G,
+            1 / p.mx_s[0] / G, 2.0 * 64 * 32 / 17 / p.mx_s[6] / G, 2.0 * 256 * 32 / 17 / p.mx_s[8] / G);
     if (r.n_layers) {
         uint32_t *seen = calloc(c.num_experts, sizeof *seen);
         double u = 0;   /* distinct experts over the whole prompt, per sampled layer */

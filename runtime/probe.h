@@ -2,7 +2,7 @@
  * probe.h - k3-run --plan --probe: measure this machine on the model's own
  * files (O_DIRECT read rates of the trunk and of expert records) and the
  * kernels' speed (seconds per weight byte of a bf16 and an MXFP4 product at
- * T = 1 ... 64 rows, with the run's threads), then predict the prompt and
+ * T = 1 ... 256 rows, with the run's threads), then predict the prompt and
  * decode seconds per token of a memory plan from its byte counts
  * (runtime/STREAM.md, "Predicted speed").
  */
@@ -18,7 +18,7 @@
 #include "k3_err.h"
 #include "k3_plan.h"
 
-#define K3_PROBE_NT 7   /* T = 1, 2, 4, 8, 16, 32, 64 */
+#define K3_PROBE_NT 9   /* T = 1, 2, 4, ..., 256: the longest pass a budget takes */
 
 typedef struct k3_probe {
     double trunk_bps, expert_bps;      /* O_DIRECT (or buffered) read rates, bytes/s */
