@@ -7,9 +7,10 @@
  * 512 MiB), four requests in flight, with O_DIRECT so that the page cache
  * neither helps nor hides the device. Kernels: a bf16 and an MXFP4 product of
  * 8192 (bf16) and 16384 (MXFP4) rows by the model's hidden size, for T = 1
- * ... 256 vectors (the longest pass a budget takes), with the threads the run will use, over copies of the
- * matrix filling 192 MiB or more, so that the weights come from memory, as
- * streamed weights do (about 250 MB while it runs).
+ * ... 256 vectors (the longest pass a budget takes), with the threads the
+ * run will use, over copies of the matrix filling 192 MiB or more, so that
+ * the weights come from memory, as streamed weights do (about 250 MB while
+ * it runs).
  *
  * The prediction adds, per pass over the weights: the plan's streamed trunk
  * bytes at the trunk rate and the expert records it misses at the expert
