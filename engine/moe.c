@@ -42,8 +42,9 @@ int k3_mlp_dense_forward(k3_model *m, const k3_view *v, uint32_t T, k3_err *e)
     return 0;
 }
 
-/* Top-k of key = score + bias for one token; ties to the lower index. */
-static void route_token(const float *score, const float *bias, uint32_t NE, uint32_t K, uint32_t *sel)
+/* Top-k of key = score + bias for one token; ties to the lower index
+ * (k3_model.h). */
+void k3_moe_route(const float *score, const float *bias, uint32_t NE, uint32_t K, uint32_t *sel)
 {
     for (uint32_t j = 0; j < K; j++) {
         uint32_t best = UINT32_MAX;
@@ -84,7 +85,7 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
             sc[x] = k3_sigmoidf(sc[x]);
         uint32_t *sel = m->rsel + (uint64_t)t * K;
         float *w = m->rw + (uint64_t)t * K;
-        route_token(sc, bias, NE, K, sel);
+        k3_moe_route(sc, bias, NE, K, sel);
         float sum = 0.0f;
         for (uint32_t j = 0; j < K; j++) {
             w[j] = sc[sel[j]];

@@ -316,7 +316,12 @@ static int32_t piece_rank(const lazyt *L, uint32_t c)
 static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
 {
     grp *G = &w->grp[g];
-    G->nlz = 0;
+    /* a plan made again (k3_engine tries longer chunks first) starts over */
+    free(G->parts), free(G->segs), free(G->unit_part0), free(G->unit_done);
+    G->parts = NULL, G->segs = NULL, G->unit_part0 = NULL, G->unit_done = NULL;
+    G->nlz = G->nsegs = G->nparts = 0;
+    G->core = 0;
+    memset(G->cok, 0, sizeof G->cok);
     char name[512];
     const uint32_t NL = w->base.cfg.num_hidden_layers;
     /* pick the streamed matrices, in the model's order (k3_stream_piece_slots) */

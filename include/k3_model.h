@@ -101,6 +101,12 @@ typedef struct k3_model_seq {
  */
 int k3_model_forward_batch(k3_model *m, const k3_model_seq *q, uint32_t n, k3_err *e);
 
+/* The routing rule of a MoE layer for one token: sel[0..K) gets the K
+ * experts of the largest score[x] + bias[x] (bias may be NULL), in order,
+ * ties to the lower index, a NaN key never chosen over a number. score holds
+ * the NE sigmoid scores (the model's, or an estimate's: k3-run --probe). */
+void k3_moe_route(const float *score, const float *bias, uint32_t NE, uint32_t K, uint32_t *sel);
+
 /* Loops with less work than this (multiply-adds; default 65536) run on one
  * thread. Results never depend on it; tests set 0 to force every loop
  * through the threaded path. Process-wide. */

@@ -77,7 +77,8 @@ static void usage(FILE *f)
             "                         everything resident\n"
             "  --plan                 with --ram: print the memory plan and exit\n"
             "  --probe                with --plan: measure this machine's reads (on the model's\n"
-            "                         files) and products, and predict prompt and decode\n"
+            "                         files) and products, route the prompt's ids with the\n"
+            "                         model's routers, and predict this prompt's and decode\n"
             "                         s/token at the floor, this budget and larger ones\n"
             "  --trace FILE           with --ram: write every expert request to FILE\n"
             "  --ram-piece SIZE       with --ram: stream the weight matrices larger than SIZE\n"
@@ -583,7 +584,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "k3-run:   sequences      %u planned; the budget admits at most %u of %u tokens each\n",
                 mem.planned_seqs, mem.max_seqs, mem.max_ctx);
         if (plan_only && probe)
-            rc = k3_probe_print(model_dir, &eo, &sz, plan, ram_arg, info.max_chunk, stderr, "k3-run: ", &e);
+            rc = k3_probe_print(model_dir, &eo, &sz, plan, ram_arg, info.max_chunk, ids, n_ids, stderr, "k3-run: ", &e);
         if (plan_only)
             goto out;
         if (!info.direct)

@@ -7,18 +7,25 @@
  * 512 MiB), four requests in flight, with O_DIRECT so that the page cache
  * neither helps nor hides the device. Kernels: a bf16 and an MXFP4 product of
  * 8192 (bf16) and 16384 (MXFP4) rows by the model's hidden size, for T = 1
- * ... 64 vectors, with the threads the run will use, over copies of the
- * matrix filling 192 MiB or more, so that the weights come from memory, as
- * streamed weights do (about 250 MB while it runs).
+ * ... 256 vectors (the longest pass a budget takes), with the threads the
+ * run will use, over copies of the matrix filling 192 MiB or more, so that
+ * the weights come from memory, as streamed weights do (about 250 MB while
+ * it runs).
  *
  * The prediction adds, per pass over the weights: the plan's streamed trunk
  * bytes at the trunk rate and the expert records it misses at the expert
  * rate (reads), and every weight byte the pass multiplies at the kernels'
- * seconds per byte for its row count (compute). A decode pass is one id; a
- * prompt pass is a chunk, whose experts are the union of what its ids route
- * to (E (1 - (1 - k/E)^C) per MoE layer for C ids routed independently). The
- * expert cache is taken to hit in proportion to its share of all records
- * (uniform routing; a trained model's skew makes it hit more).
+ * seconds per byte for its row count (compute). A decode pass is one id, the
+ * cache hitting in proportion to its share of all records. A prompt is the
+ * given ids in passes of the chunk: the trunk once per pass (the head, which
+ * only the last pass asks for, once, for one row), and per pass the union of
+ * the experts its ids route to, each multiplied for the rows routed to it.
+ * That union comes from the model's own routers applied to the prompt's
+ * embeddings (probe_route.c), through an LRU of the plan's slots (per MoE
+ * layer) that starts empty: the first pass reads every record it needs.
+ * Without routes, independent ones: E (1 - (1 - k/E)^C) per MoE layer. The
+ * bound is the largest of reads, memory (the bytes multiplied at one row's
+ * speed) and compute (what the products took beyond that).
  */
 #include "probe.h"
 
@@ -262,13 +269,15 @@ static int cmp_d(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Seconds per weight byte of a product of T rows: median of 5 calls, each on
- * the next copy of the matrix. */
+/* Seconds per weight byte of a product of T rows: median of 5 calls (3 from
+ * 128 rows on, each of which takes a tenth of a second or more), each on the
+ * next copy of the matrix. */
 static double time_product(int mx, const uint8_t *pool, uint64_t bytes, uint32_t copies, uint64_t rows,
                            uint64_t cols, const float *X, uint32_t T, float *Y)
 {
     double t[5];
-    for (int r = -1; r < 5; r++) {   /* one call first: threads up, pages in */
+    const int n = T >= 128 ? 3 : 5;
+    for (int r = -1; r < n; r++) {   /* one call first: threads up, pages in */
         const uint8_t *w = pool + (uint64_t)((r + 1) % copies) * bytes;
         double t0 = k3_now_s();
         if (mx)
@@ -278,8 +287,8 @@ static double time_product(int mx, const uint8_t *pool, uint64_t bytes, uint32_t
         if (r >= 0)
             t[r] = k3_now_s() - t0;
     }
-    qsort(t, 5, sizeof *t, cmp_d);
-    return t[2] / (double)bytes;
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    return t[n / 2] / (double)bytes;
 }
 
 static int probe_kernels(const k3_cfg *c, k3_probe *p, k3_err *e)
@@ -288,13 +297,13 @@ static int probe_kernels(const k3_cfg *c, k3_probe *p, k3_err *e)
     const uint64_t bb = rows * cols * 2, mb = mrows * cols / 2 + mrows * cols / 32;
     const uint32_t cb = (uint32_t)(PROBE_POOL / bb + 1), cm = (uint32_t)(PROBE_POOL / mb + 1);
     uint8_t *pool = malloc(PROBE_POOL + bb + mb);
-    float *X = malloc(64 * cols * sizeof *X), *Y = malloc(64 * mrows * sizeof *Y);
+    float *X = malloc(256 * cols * sizeof *X), *Y = malloc(256 * mrows * sizeof *Y);
     if (!pool || !X || !Y) {
         free(pool), free(X), free(Y);
         return k3_err_set(e, K3_ENOMEM, "out of memory for the kernel probe");
     }
     uint64_t s = 0x51;
-    for (uint64_t i = 0; i < 64 * cols; i++)
+    for (uint64_t i = 0; i < 256 * cols; i++)
         X[i] = (float)((int64_t)(mix(&s) >> 40) - (1 << 23)) / (float)(1 << 23);
     /* bf16 weights in [-1, 1): sign, exponent 120..126, random mantissa */
     for (uint64_t i = 0; i + 1 < (uint64_t)cb * bb; i += 2) {
@@ -338,14 +347,104 @@ static double per_byte(const double *s, double T)
         return s[0];
     double l = log2(T);
     if (l >= K3_PROBE_NT - 1)
-        return s[K3_PROBE_NT - 1] * T / 64.0;   /* beyond 64 rows: the time grows with T */
+        return s[K3_PROBE_NT - 1] * T / (double)(1u << (K3_PROBE_NT - 1));   /* beyond: the time grows with T */
     int i = (int)l;
     double f = l - i;
     return s[i] * pow(s[i + 1] / s[i], f);
 }
 
+const char *k3_probe_bound_name(k3_probe_bound b)
+{
+    return b == K3_PROBE_DISK ? "disk" : b == K3_PROBE_MEMORY ? "memory" : "compute";
+}
+
+static k3_probe_bound bound_of(double io, double mem, double compute)
+{
+    const double arith = compute - mem;   /* what the products took beyond streaming their weights */
+    if (io >= mem && io >= arith)
+        return K3_PROBE_DISK;
+    return mem >= arith ? K3_PROBE_MEMORY : K3_PROBE_COMPUTE;
+}
+
+/* One sampled layer's passes through an LRU of cap records that starts
+ * empty, requests in the model's order (each pass's experts ascending), so
+ * an expert the last pass left behind is a hit only if this pass's earlier
+ * misses have not evicted it yet. stamp[x]: when x was last used (0: not
+ * held). */
+static void layer_passes(const k3_probe *p, const uint32_t *sel, uint32_t n, uint32_t K, uint32_t NE, uint32_t chunk,
+                         uint32_t cap, uint32_t *rows, uint64_t *stamp, k3_probe_xcost *o)
+{
+    uint64_t clock = 0;
+    uint32_t held = 0;
+    memset(stamp, 0, NE * sizeof *stamp);
+    for (uint32_t b = 0; b < n; b += chunk) {
+        const uint32_t C = n - b < chunk ? n - b : chunk;
+        memset(rows, 0, NE * sizeof *rows);
+        for (uint64_t i = (uint64_t)b * K; i < (uint64_t)(b + C) * K; i++)
+            rows[sel[i]]++;
+        for (uint32_t x = 0; x < NE; x++) {
+            if (!rows[x])
+                continue;
+            o->records += 1;
+            o->compute_s += (double)p->rec_bytes * per_byte(p->mx_s, rows[x]);
+            o->mem_s += (double)p->rec_bytes * p->mx_s[0];
+            if (!stamp[x]) {
+                o->misses += 1;
+                if (!cap)
+                    continue;
+                if (held == cap) {   /* evict the least recently used */
+                    uint32_t v = UINT32_MAX;
+                    for (uint32_t y = 0; y < NE; y++)
+                        if (stamp[y] && (v == UINT32_MAX || stamp[y] < stamp[v]))
+                            v = y;
+                    stamp[v] = 0;
+                    held--;
+                }
+                held++;
+            }
+            stamp[x] = ++clock;
+        }
+    }
+}
+
+void k3_probe_prompt_experts(const k3_probe *p, const k3_cfg *c, const k3_probe_routes *r, uint32_t n,
+                             uint32_t chunk, uint32_t slots, k3_probe_xcost *out)
+{
+    memset(out, 0, sizeof *out);
+    const uint32_t n_moe = c->num_hidden_layers > c->first_k_dense_replace
+                               ? c->num_hidden_layers - c->first_k_dense_replace : 0;
+    const uint32_t NE = c->num_experts, K = c->num_experts_per_token;
+    chunk = chunk ? chunk : 1;
+    out->passes = n ? (n + chunk - 1) / chunk : 0;
+    if (!n_moe || !NE || !K || !n)
+        return;
+    const double all = (double)n_moe * NE;
+    uint32_t *rows = NULL;
+    uint64_t *stamp = NULL;
+    if (r && r->n_layers && r->n_ids == n && r->num_experts == NE && r->top_k == K &&
+        (rows = malloc(NE * sizeof *rows)) && (stamp = malloc(NE * sizeof *stamp))) {
+        const uint32_t cap = slots / n_moe < NE ? slots / n_moe : NE;
+        for (uint32_t l = 0; l < r->n_layers; l++)
+            layer_passes(p, r->sel + (uint64_t)l * n * K, n, K, NE, chunk, cap, rows, stamp, out);
+        const double scale = (double)n_moe / r->n_layers;
+        out->records *= scale, out->misses *= scale, out->compute_s *= scale, out->mem_s *= scale;
+    } else {
+        const double hit = fmin(1.0, slots / all);
+        for (uint32_t b = 0; b < n; b += chunk) {
+            const double C = n - b < chunk ? n - b : chunk;
+            const double u = NE * (1 - pow(1 - (double)K / NE, C));
+            out->records += n_moe * u;
+            out->misses += n_moe * u * (b ? 1 - hit : 1);   /* the first pass finds the cache empty */
+            out->compute_s += n_moe * u * (double)p->rec_bytes * per_byte(p->mx_s, C * K / u);
+            out->mem_s += n_moe * u * (double)p->rec_bytes * p->mx_s[0];
+        }
+    }
+    free(rows);
+    free(stamp);
+}
+
 void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *plan, uint32_t chunk,
-                      k3_probe_pred *out)
+                      uint32_t n_ids, const k3_probe_routes *r, k3_probe_pred *out)
 {
     memset(out, 0, sizeof *out);
     const double n_moe = c->num_hidden_layers > c->first_k_dense_replace
@@ -354,34 +453,57 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
     const double all = n_moe * E;
     const double hit = all > 0 ? fmin(1.0, plan->expert_slots / all) : 1;
     const double trunk_read = (double)plan->trunk_streamed / p->trunk_bps;
-    /* decode: one id */
+    /* decode: one id, the cache hitting in proportion to its share of all records */
     out->decode_io = trunk_read + (p->expert_bps > 0 ? n_moe * k * (1 - hit) * rec / p->expert_bps : 0);
     out->decode_compute = (double)plan->trunk_total * per_byte(p->bf16_s, 1) + n_moe * k * rec * per_byte(p->mx_s, 1);
     out->decode_s = out->decode_io + out->decode_compute;
-    /* prompt: a chunk of C ids, experts for their union */
-    const double C = chunk ? chunk : 1;
-    const double u = E > 0 ? E * (1 - pow(1 - k / E, C)) : 0;
-    const double rows_per_expert = u > 0 ? C * k / u : 1;
-    const double io = trunk_read + (p->expert_bps > 0 ? n_moe * u * (1 - hit) * rec / p->expert_bps : 0);
-    const double comp = (double)plan->trunk_total * per_byte(p->bf16_s, C) +
-                        n_moe * u * rec * per_byte(p->mx_s, rows_per_expert);
-    out->prompt_io = io / C;
-    out->prompt_compute = comp / C;
+    out->decode_bound = bound_of(out->decode_io, out->decode_compute, out->decode_compute);
+    /* prompt: passes of `chunk` ids; the trunk read and multiplied once per
+       pass, the head (its rows only) in the last pass alone, which alone asks
+       for logits */
+    chunk = chunk ? chunk : 1;
+    const uint32_t n = n_ids ? n_ids : chunk;
+    uint64_t gb[K3_CFG_MAX_LAYERS + 1], row, stride;
+    k3_stream_cfg_groups(c, gb, &row, &stride);
+    const uint32_t hg = c->num_hidden_layers;
+    const double head = fmin((double)gb[hg], (double)plan->trunk_total);
+    const double head_streamed = hg < plan->ngroups && !plan->pinned[hg] ? fmin(head, (double)plan->trunk_streamed) : 0;
+    double io = 0, comp = 0, mem = 0;
+    for (uint32_t b = 0; b < n; b += chunk) {
+        const uint32_t C = n - b < chunk ? n - b : chunk;
+        const int last = b + C >= n;
+        io += ((double)plan->trunk_streamed - (last ? 0 : head_streamed)) / p->trunk_bps;
+        comp += ((double)plan->trunk_total - head) * per_byte(p->bf16_s, C) + (last ? head * p->bf16_s[0] : 0);
+        mem += ((double)plan->trunk_total - head) * p->bf16_s[0] + (last ? head * p->bf16_s[0] : 0);
+    }
+    k3_probe_xcost x;
+    k3_probe_prompt_experts(p, c, r, n, chunk, plan->expert_slots, &x);
+    io += p->expert_bps > 0 ? x.misses * rec / p->expert_bps : 0;
+    comp += x.compute_s;
+    mem += x.mem_s;
+    out->passes = x.passes;
+    out->experts_per_pass = x.passes ? x.records / x.passes : 0;
+    out->expert_misses = x.misses;
+    out->prompt_io = io / n;
+    out->prompt_compute = comp / n;
+    out->prompt_mem = mem / n;
     out->prompt_s = out->prompt_io + out->prompt_compute;
+    out->prompt_bound = bound_of(out->prompt_io, out->prompt_mem, out->prompt_compute);
 }
 
 static void print_row(FILE *f, const char *pre, const char *name, const k3_probe *p, const k3_cfg *c,
-                      const k3_stream_plan *pl, uint32_t chunk)
+                      const k3_stream_plan *pl, uint32_t chunk, uint32_t n_ids, const k3_probe_routes *r)
 {
     k3_probe_pred q;
-    k3_probe_predict(p, c, pl, chunk, &q);
-    fprintf(f, "%s  %-20s %9.2f GiB %5u %10.3f %-8s %10.3f %-8s\n", pre, name, pl->budget / 1073741824.0, chunk, q.prompt_s,
-            q.prompt_io > q.prompt_compute ? "disk" : "compute", q.decode_s,
-            q.decode_io > q.decode_compute ? "disk" : "memory");
+    k3_probe_predict(p, c, pl, chunk, n_ids, r, &q);
+    fprintf(f, "%s  %-20s %9.2f GiB %5u %6.0f %10.3f %-8s %10.3f %-8s\n", pre, name, pl->budget / 1073741824.0, chunk,
+            q.experts_per_pass, q.prompt_s, k3_probe_bound_name(q.prompt_bound), q.decode_s,
+            k3_probe_bound_name(q.decode_bound));
 }
 
 int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_size *sz, const k3_stream_plan *given,
-                   const char *given_ram, uint32_t given_chunk, FILE *f, const char *pre, k3_err *e)
+                   const char *given_ram, uint32_t given_chunk, const uint32_t *ids, uint32_t n_ids, FILE *f,
+                   const char *pre, k3_err *e)
 {
     /* the plans first: each measures the process's memory, which the probe's
        buffers would inflate */
@@ -418,6 +540,11 @@ int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_si
     int rc = k3_probe_run(dir, &c, &p, e);
     if (rc < 0)
         return rc;
+    k3_probe_routes r;
+    if (ids && n_ids && (rc = k3_probe_routes_read(dir, ids, n_ids, &r, e)) < 0)
+        return rc;
+    if (!ids || !n_ids)
+        memset(&r, 0, sizeof r);
     const double G = 1e9;
     const uint64_t len = (p.rec_bytes + 4095) & ~4095ull;
     fprintf(f, "%sprobe (%.1f s): reads %.2f GB/s trunk (%llu MiB in 2 MiB requests), %.2f GB/s experts (%llu "
@@ -425,14 +552,30 @@ int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_si
             pre, p.seconds, p.trunk_bps / G, (unsigned long long)(p.trunk_read >> 20), p.expert_bps / G,
             (unsigned long long)(len ? p.expert_read / len : 0), p.rec_bytes / 1048576.0,
             p.direct ? ", O_DIRECT" : ", buffered (no O_DIRECT here)");
-    fprintf(f, "%sprobe: products of 8192 (bf16) and 16384 (MXFP4) rows, %d threads: bf16 %.1f GB/s of weights at T = 1, %.1f GFLOP/s at "
-               "T = 64; MXFP4 %.1f GB/s at T = 1, %.1f GFLOP/s at T = 64\n",
-            pre, omp_get_max_threads(), 1 / p.bf16_s[0] / G, 64.0 / p.bf16_s[6] / G, 1 / p.mx_s[0] / G,
-            2.0 * 64 * 32 / 17 / p.mx_s[6] / G);
-    fprintf(f, "%spredicted s/token (reads + compute, not overlapped; the larger is the bound), prompts in "
-               "the chunk each budget takes:\n", pre);
-    fprintf(f, "%s  %-20s %13s %5s %10s %-8s %10s %-8s\n", pre, "budget", "", "chunk", "prompt", "bound", "decode",
-            "bound");
+    fprintf(f, "%sprobe: products of 8192 (bf16) and 16384 (MXFP4) rows, %d threads: bf16 %.1f GB/s of weights at T = 1, %.1f / %.1f GFLOP/s at "
+               "T = 64 / 256; MXFP4 %.1f GB/s at T = 1, %.1f / %.1f GFLOP/s at T = 64 / 256\n",
+            pre, omp_get_max_threads(), 1 / p.bf16_s[0] / G, 64.0 / p.bf16_s[6] / G, 256.0 / p.bf16_s[8] / G,
+            1 / p.mx_s[0] / G, 2.0 * 64 * 32 / 17 / p.mx_s[6] / G, 2.0 * 256 * 32 / 17 / p.mx_s[8] / G);
+    if (r.n_layers) {
+        uint32_t *seen = calloc(c.num_experts, sizeof *seen);
+        double u = 0;   /* distinct experts over the whole prompt, per sampled layer */
+        for (uint32_t l = 0; seen && l < r.n_layers; l++) {
+            for (uint64_t i = 0; i < (uint64_t)n_ids * r.top_k; i++)
+                u += !seen[r.sel[(uint64_t)l * n_ids * r.top_k + i]]++;
+            memset(seen, 0, c.num_experts * sizeof *seen);
+        }
+        free(seen);
+        const double ind = c.num_experts * (1 - pow(1 - (double)r.top_k / c.num_experts, n_ids));
+        fprintf(f, "%sprobe: routes of the %u prompt ids by the routers of %u of %u MoE layers (on their normalised "
+                   "embeddings, %.2f s): %.0f distinct experts per layer (independent routes: %.0f)\n",
+                pre, n_ids, r.n_layers, r.n_moe, r.seconds, u / r.n_layers, ind);
+    }
+    fprintf(f, "%spredicted s/token for these %u prompt ids and decode (reads + compute, not overlapped; the largest "
+               "of reads, memory, compute names the bound), in the chunk each budget takes; experts: distinct records "
+               "per pass (%s):\n",
+            pre, n_ids, r.n_layers ? "routed" : "independent routes");
+    fprintf(f, "%s  %-20s %13s %5s %6s %10s %-8s %10s %-8s\n", pre, "budget", "", "chunk", "experts", "prompt", "bound",
+            "decode", "bound");
     /* the budget asked: a preset is its row; a size goes in its place */
     int shown = !given;
     for (uint32_t i = 0; given && given_ram && i < NB; i++)
@@ -447,14 +590,15 @@ int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_si
         if (!ok[i] || (i > 0 && i < NB - 1 && (plans[i].budget >= resident || plans[i].budget <= plans[0].budget)))
             continue;
         if (!shown && given->budget <= plans[i].budget) {
-            print_row(f, pre, "this budget", &p, &c, given, given_chunk);
+            print_row(f, pre, "this budget", &p, &c, given, given_chunk, n_ids, &r);
             shown = 1;
         }
         char name[40];
         snprintf(name, sizeof name, "%s%s", ram[i], ok[i] == 2 ? " (this budget)" : "");
-        print_row(f, pre, name, &p, &c, &plans[i], chunks[i]);
+        print_row(f, pre, name, &p, &c, &plans[i], chunks[i], n_ids, &r);
     }
     if (!shown)
-        print_row(f, pre, "this budget", &p, &c, given, given_chunk);
+        print_row(f, pre, "this budget", &p, &c, given, given_chunk, n_ids, &r);
+    k3_probe_routes_free(&r);
     return 0;
 }

@@ -2,7 +2,7 @@
  * probe.h - k3-run --plan --probe: measure this machine on the model's own
  * files (O_DIRECT read rates of the trunk and of expert records) and the
  * kernels' speed (seconds per weight byte of a bf16 and an MXFP4 product at
- * T = 1 ... 64 rows, with the run's threads), then predict the prompt and
+ * T = 1 ... 256 rows, with the run's threads), then predict the prompt and
  * decode seconds per token of a memory plan from its byte counts
  * (runtime/STREAM.md, "Predicted speed").
  */
@@ -18,7 +18,7 @@
 #include "k3_err.h"
 #include "k3_plan.h"
 
-#define K3_PROBE_NT 7   /* T = 1, 2, 4, 8, 16, 32, 64 */
+#define K3_PROBE_NT 9   /* T = 1, 2, 4, ..., 256: the longest pass a budget takes */
 
 typedef struct k3_probe {
     double trunk_bps, expert_bps;      /* O_DIRECT (or buffered) read rates, bytes/s */
@@ -33,21 +33,74 @@ typedef struct k3_probe {
 /* Measure (a few seconds). dir: a packed model (its .k3t and .k3e files). */
 int k3_probe_run(const char *dir, const k3_cfg *c, k3_probe *p, k3_err *e);
 
+/* The prompt's routes as the model's own routers give them (probe_route.c):
+ * the router of up to K3_PROBE_ROUTE_LAYERS MoE layers, evenly spaced,
+ * applied to each prompt id's embedding normalised by that layer's
+ * post-attention RMSNorm, with the model's selection rule (k3_moe_route). An
+ * estimate: a layer routes the embedding plus what the layers before it
+ * added. */
+#define K3_PROBE_ROUTE_LAYERS 8
+
+typedef struct k3_probe_routes {
+    uint32_t n_ids, top_k, num_experts;
+    uint32_t n_moe;                    /* MoE layers of the model */
+    uint32_t n_layers;                 /* of them sampled; 0: no estimate */
+    uint32_t layer[K3_PROBE_ROUTE_LAYERS];
+    uint32_t *sel;                     /* [n_layers][n_ids][top_k] expert ids (heap) */
+    double seconds;
+} k3_probe_routes;
+
+/* Estimate the routes of ids[0..n) from the packed model at dir. r owns
+ * r->sel until k3_probe_routes_free (also on error: nothing to free then).
+ * K3_EARG for an id past the vocabulary; I/O and format errors as k3_pk's. */
+int k3_probe_routes_read(const char *dir, const uint32_t *ids, uint32_t n, k3_probe_routes *r, k3_err *e);
+void k3_probe_routes_free(k3_probe_routes *r);   /* accepts NULL */
+
+/* The experts of a prompt of n ids in passes of `chunk`, over all MoE
+ * layers: with routes (r->n_layers > 0), each sampled layer's union per pass
+ * and the rows each expert gets, against an LRU cache of slots / n_moe
+ * records per layer that starts empty (the cold first pass), scaled to all
+ * MoE layers; without, independent routes (E (1 - (1 - k/E)^C) per layer),
+ * the first pass missing everything and later ones hitting in proportion to
+ * the cache's share of all records. */
+typedef struct k3_probe_xcost {
+    double records;                    /* distinct records the passes need, summed */
+    double misses;                     /* of them read from disk */
+    double compute_s, mem_s;           /* their products; the same bytes at T = 1's seconds per byte */
+    uint32_t passes;
+} k3_probe_xcost;
+
+void k3_probe_prompt_experts(const k3_probe *p, const k3_cfg *c, const k3_probe_routes *r, uint32_t n,
+                             uint32_t chunk, uint32_t slots, k3_probe_xcost *out);
+
+typedef enum { K3_PROBE_DISK, K3_PROBE_MEMORY, K3_PROBE_COMPUTE } k3_probe_bound;
+
 typedef struct k3_probe_pred {
     double prompt_s, decode_s;         /* seconds per token */
     double prompt_io, prompt_compute;  /* per token */
+    double prompt_mem;                 /* of prompt_compute: the weight bytes at T = 1's speed */
     double decode_io, decode_compute;
+    k3_probe_bound prompt_bound, decode_bound;   /* the largest of reads, memory, compute - memory */
+    double experts_per_pass;           /* distinct records per pass, all MoE layers */
+    double expert_misses;              /* records the prompt reads */
+    uint32_t passes;
 } k3_probe_pred;
 
-/* Predict a plan: prompts in chunks of `chunk` ids, decode one id per pass.
- * Reads and compute are added (not overlapped); the larger is the bound. */
+/* Predict a plan: a prompt of n_ids ids (0: one full chunk) in passes of
+ * `chunk`, its experts from k3_probe_prompt_experts (r may be NULL), then
+ * decode one id per pass. Reads and compute are added (not overlapped); the
+ * largest part names the bound. */
 void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *plan, uint32_t chunk,
-                      k3_probe_pred *out);
+                      uint32_t n_ids, const k3_probe_routes *r, k3_probe_pred *out);
+
+const char *k3_probe_bound_name(k3_probe_bound b);
 
 /* k3-run --plan --probe: measure, then print the prediction for the floor,
  * the plan asked (given, made for --ram given_ram), 4, 16, 64, 256 GiB and everything
- * resident (the budgets this model and machine can take, below resident). */
+ * resident (the budgets this model and machine can take, below resident),
+ * for the prompt ids[0..n_ids) (their routes estimated from the model). */
 int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_size *sz, const k3_stream_plan *given,
-                   const char *given_ram, uint32_t given_chunk, FILE *f, const char *pre, k3_err *e);
+                   const char *given_ram, uint32_t given_chunk, const uint32_t *ids, uint32_t n_ids, FILE *f,
+                   const char *pre, k3_err *e);
 
 #endif

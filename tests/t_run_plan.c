@@ -48,6 +48,8 @@ K3_TEST(run_plan_probe_predicts_every_budget_it_can_hold)
     CHECK_STR_CONTAINS(err, "GB/s trunk");
     CHECK_STR_CONTAINS(err, "O_DIRECT");
     CHECK_STR_CONTAINS(err, "predicted s/token");
+    CHECK_STR_CONTAINS(err, "probe: routes of the 3 prompt ids by the routers of");
+    CHECK_STR_CONTAINS(err, "chunk experts     prompt bound");
     CHECK_STR_CONTAINS(err, "floor (this budget)");
     CHECK_STR_CONTAINS(err, "resident");
     free(out);
@@ -89,4 +91,32 @@ K3_TEST(run_chunk_is_chosen_from_the_budget_with_the_same_bits)
         if (i)
             CHECK_EQ_INT(k3t_runf(NULL, NULL, "cmp %s/l0 %s/l%zu", t, t, i), 0);
     }
+}
+
+/* A size budget that holds a pass of 128 but not 256 plans the streaming
+ * source twice (256 first); the second layout must start over (it once
+ * appended to the first's parts, past their array) and give the same bits. */
+K3_TEST(run_replanned_for_a_shorter_chunk_lays_out_afresh)
+{
+    char up[4096], pk[4096], *err = NULL;
+    const char *t = k3t_tmpdir();
+    snprintf(up, sizeof up, "%s/up", t);
+    snprintf(pk, sizeof pk, "%s/pk", t);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth %s --preset tiny --quiet && k3-convert --quiet %s %s", up, up, pk), 0);
+    unsigned long long f[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s --ids 5,6,7,8 --ram floor --chunk %d --ram-piece 8K --plan", pk,
+                              i ? 256 : 128), 0);
+        const char *s = err ? strstr(err, "floor  ") : NULL;
+        s = s ? strchr(s, '(') : NULL;
+        f[i] = s ? strtoull(s + 1, NULL, 10) : 0;
+        free(err);
+    }
+    CHECK(f[0] > 0 && f[1] > f[0]);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s --ids 5,6,7,8 --gen 4 --ram %llu --ram-piece 8K --logits-all %s/a",
+                          pk, (f[0] + f[1]) / 2, t), 0);
+    CHECK_STR_CONTAINS(err, "chunk                128 ids per pass");
+    free(err);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-run %s --ids 5,6,7,8 --gen 4 --logits-all %s/b", pk, t), 0);
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "cmp %s/a %s/b", t, t), 0);
 }

@@ -1,0 +1,134 @@
+/*
+ * t_probe.c - the prompt side of k3-run --plan --probe: the experts a
+ * prompt's passes need (the routed union, the cold first pass, an LRU that
+ * the pass's own misses can empty), the bound each prediction names, and on
+ * a model where the routing estimate is exact (k3-synth --sparse-live: every
+ * layer routes a multiple of the embedding) the experts the probe predicts
+ * are the records the run asks for.
+ */
+#include "k3_test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runtime/probe.h"
+
+/* 3 layers, the first dense: 2 MoE layers of 8 experts, top 2. Every
+ * product costs 1 ns per byte whatever its rows; records of 1000 bytes. */
+static void fake(k3_cfg *c, k3_probe *p)
+{
+    memset(c, 0, sizeof *c);
+    c->num_hidden_layers = 3;
+    c->first_k_dense_replace = 1;
+    c->num_experts = 8;
+    c->num_experts_per_token = 2;
+    c->hidden_size = 64;
+    c->vocab_size = 16;
+    memset(p, 0, sizeof *p);
+    p->rec_bytes = 1000;
+    p->trunk_bps = p->expert_bps = 1e6;
+    for (int i = 0; i < K3_PROBE_NT; i++)
+        p->bf16_s[i] = p->mx_s[i] = 1e-9;
+}
+
+K3_TEST(probe_prompt_experts_are_the_routed_union_read_cold_then_cached)
+{
+    k3_cfg c;
+    k3_probe p;
+    fake(&c, &p);
+    /* one layer of the two sampled; 4 ids, all routed to experts 1 and 2 */
+    uint32_t sel[8] = {1, 2, 2, 1, 1, 2, 2, 1};
+    k3_probe_routes r = {.n_ids = 4, .top_k = 2, .num_experts = 8, .n_moe = 2, .n_layers = 1, .sel = sel};
+    k3_probe_xcost x;
+    /* passes of 2: 2 records per pass and layer, scaled to both layers */
+    k3_probe_prompt_experts(&p, &c, &r, 4, 2, 8, &x);
+    CHECK_EQ_INT(x.passes, 2);
+    CHECK(fabs(x.records - 8) < 1e-9);
+    CHECK(fabs(x.misses - 4) < 1e-9);   /* the first pass reads both, the second finds them */
+    CHECK(fabs(x.compute_s - 8 * 1000e-9) < 1e-12);
+    /* one slot per layer: each request evicts the other record */
+    k3_probe_prompt_experts(&p, &c, &r, 4, 2, 2, &x);
+    CHECK(fabs(x.misses - 8) < 1e-9);
+    /* one pass of 4: 2 records per layer, all read (the cache starts empty) */
+    k3_probe_prompt_experts(&p, &c, &r, 4, 4, 1000, &x);
+    CHECK_EQ_INT(x.passes, 1);
+    CHECK(fabs(x.records - 4) < 1e-9);
+    CHECK(fabs(x.misses - 4) < 1e-9);
+
+    /* passes that ask for experts 0-3 twice through 2 slots a layer: the
+       second pass's misses of 0 and 1 evict 2 and 3 before they are asked
+       for, so nothing hits (what the state before the pass would not say) */
+    uint32_t s2[8] = {0, 1, 2, 3, 0, 1, 2, 3};
+    r.sel = s2;
+    k3_probe_prompt_experts(&p, &c, &r, 4, 2, 4, &x);
+    CHECK(fabs(x.records - 16) < 1e-9);
+    CHECK(fabs(x.misses - 16) < 1e-9);
+    k3_probe_prompt_experts(&p, &c, &r, 4, 2, 8, &x);   /* 4 slots a layer: the second pass hits all */
+    CHECK(fabs(x.misses - 8) < 1e-9);
+
+    /* no routes: independent, 8 (1 - (3/4)^2) = 3.5 per layer and pass; the
+       first pass misses all, the second hits the cache's share (8 of 16) */
+    k3_probe_prompt_experts(&p, &c, NULL, 4, 2, 8, &x);
+    CHECK(fabs(x.records - 14) < 1e-9);
+    CHECK(fabs(x.misses - 10.5) < 1e-9);
+}
+
+K3_TEST(probe_predict_adds_reads_and_products_and_names_the_largest)
+{
+    k3_cfg c;
+    k3_probe p;
+    fake(&c, &p);
+    uint32_t sel[8] = {1, 2, 2, 1, 1, 2, 2, 1};
+    k3_probe_routes r = {.n_ids = 4, .top_k = 2, .num_experts = 8, .n_moe = 2, .n_layers = 1, .sel = sel};
+    k3_stream_plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.ngroups = 4;
+    pl.expert_slots = 2;   /* one a layer: every request misses */
+    pl.trunk_total = 1000000;
+    pl.pinned[3] = 1;      /* the head pinned: nothing skipped when a pass asks no logits */
+    pl.trunk_streamed = 0;
+    k3_probe_pred q;
+    /* one pass of 4: 4 records read at 1 MB/s = 4 ms; products 1 ms trunk + 4 us experts */
+    k3_probe_predict(&p, &c, &pl, 4, 4, &r, &q);
+    CHECK_EQ_INT(q.passes, 1);
+    CHECK(fabs(q.experts_per_pass - 4) < 1e-9);
+    CHECK(fabs(q.prompt_io - 4e-3 / 4) < 1e-12);
+    CHECK(fabs(q.prompt_compute - (1e-3 + 4e-6) / 4) < 1e-12);
+    CHECK_EQ_INT(q.prompt_bound, K3_PROBE_DISK);
+    CHECK(fabs(q.prompt_s - q.prompt_io - q.prompt_compute) < 1e-15);
+    /* products at 64 rows cost 64x the bytes of 1: compute, not memory */
+    for (int i = 0; i < K3_PROBE_NT; i++)
+        p.bf16_s[i] = p.mx_s[i] = 1e-9 * (1 << i);
+    pl.trunk_total = 100000000;
+    k3_probe_predict(&p, &c, &pl, 4, 4, &r, &q);
+    CHECK_EQ_INT(q.prompt_bound, K3_PROBE_COMPUTE);
+    CHECK_EQ_INT(q.decode_bound, K3_PROBE_MEMORY);   /* one row: the weights' streaming is all of it */
+    CHECK_STR_EQ(k3_probe_bound_name(q.prompt_bound), "compute");
+}
+
+/* On a --sparse-live model the estimate is exact: the experts per pass the
+ * probe prints are the records the run asks for (one pass, cold cache). */
+K3_TEST(probe_routes_match_the_run_on_a_sparse_live_model)
+{
+    char up[4096], pk[4096], *out = NULL, *err = NULL;
+    snprintf(up, sizeof up, "%s/up", k3t_tmpdir());
+    snprintf(pk, sizeof pk, "%s/pk", k3t_tmpdir());
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-synth %s --preset tiny --sparse-live --layers 5 --quiet && k3-convert --quiet %s %s",
+                          up, up, pk), 0);
+    const char *ids = "5,6,7,8,9,10,11,12,13,14,40,41,42,43";
+    CHECK_EQ_INT(k3t_runf(&out, &err, "k3-run %s --ids %s --gen 1 --ram floor --json", pk, ids), 0);
+    const char *q = out ? strstr(out, "\"prompt\":{") : NULL;
+    q = q ? strstr(q, "\"expert_requests\":") : NULL;
+    CHECK(q != NULL);
+    long asked = q ? strtol(q + strlen("\"expert_requests\":"), NULL, 10) : -1;
+    free(out);
+    free(err);
+    CHECK_EQ_INT(k3t_runf(&out, &err, "k3-run %s --ids %s --ram floor --plan --probe", pk, ids), 0);
+    CHECK_STR_CONTAINS(err, "probe: routes of the 14 prompt ids by the routers of 4 of 4 MoE layers");
+    char want[128];
+    snprintf(want, sizeof want, "    64 %6ld ", asked);
+    CHECK_STR_CONTAINS(err, want);   /* floor row: chunk 64, one pass, experts */
+    free(out);
+    free(err);
+}
