@@ -319,6 +319,10 @@ static int layout_group(ws_stream *w, uint32_t g, uint64_t piece, k3_err *e)
     /* a plan made again (k3_engine tries longer chunks first) starts over */
     free(G->parts), free(G->segs), free(G->unit_part0), free(G->unit_done);
     G->parts = NULL, G->segs = NULL, G->unit_part0 = NULL, G->unit_done = NULL;
+    for (uint32_t j = 0; j < G->nlz; j++) {
+        free(G->lz[j].prow);
+        G->lz[j].prow = NULL;
+    }
     G->nlz = G->nsegs = G->nparts = 0;
     G->core = 0;
     memset(G->cok, 0, sizeof G->cok);
