@@ -53,6 +53,7 @@ struct k3_engine {
     uint64_t seq_live;     /* bytes of the live sequences (streamed: within the plan) */
     uint32_t mark;
     uint32_t id;           /* its number in rank 0's orders (follow.h) */
+    int slice;             /* a rank's slice (k3-pack --ranks): nothing pinned */
 };
 
 void k3_engine_opts_init(k3_engine_opts *o)
@@ -88,6 +89,33 @@ static int layout_budget(const char *dir, uint64_t *budget)
     const cJSON *ram = cJSON_GetObjectItemCaseSensitive(run, "ram");
     if (cJSON_IsTrue(streams) && cJSON_IsNumber(ram) && ram->valuedouble >= 1 && ram->valuedouble < 0x1p63) {
         *budget = (uint64_t)ram->valuedouble;
+        found = 1;
+    }
+    cJSON_Delete(root);
+    free(txt);
+    return found;
+}
+
+/* A rank's slice (k3-pack --ranks, manifest plan.slice): 1 and its ranks,
+ * rank and row piece if dir is one. */
+static int slice_of(const char *dir, uint32_t *ranks, uint32_t *rank, uint64_t *piece)
+{
+    char mp[4096];
+    char *txt = NULL;
+    int found = 0;
+    if (k3_io_path_join(mp, sizeof mp, dir, "manifest.json", NULL) < 0 || access(mp, F_OK) != 0 ||
+        k3_io_read_file(mp, 64u << 20, &txt, NULL, NULL) < 0)
+        return 0;
+    cJSON *root = cJSON_Parse(txt);
+    const cJSON *sl = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "plan"), "slice");
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(sl, "ranks"), *r = cJSON_GetObjectItemCaseSensitive(sl, "rank"),
+                *p = cJSON_GetObjectItemCaseSensitive(sl, "piece_bytes");
+    if (cJSON_IsNumber(n) && cJSON_IsNumber(r) && cJSON_IsNumber(p) && n->valuedouble >= 2 &&
+        n->valuedouble <= K3_DIST_MAX_RANKS && r->valuedouble >= 0 && r->valuedouble < n->valuedouble &&
+        p->valuedouble >= 1 && p->valuedouble < 0x1p63) {
+        *ranks = (uint32_t)n->valuedouble;
+        *rank = (uint32_t)r->valuedouble;
+        *piece = (uint64_t)p->valuedouble;
         found = 1;
     }
     cJSON_Delete(root);
@@ -196,6 +224,24 @@ static int engine_open(k3_engine **out, const char *dir, const k3_engine_opts *o
          * it was packed for */
         en->streams = en->from_layout = 1;
         en->budget = en->layout_budget;
+    }
+    uint32_t sl_ranks, sl_rank;
+    uint64_t sl_piece;
+    if (rc == 0 && slice_of(dir, &sl_ranks, &sl_rank, &sl_piece)) {
+        /* a rank's slice: only that rank, streamed in pieces no larger than
+         * the slice was cut for, nothing pinned (its groups have holes) */
+        const k3_dist *d = k3_dist_get();
+        if (!d || d->size != sl_ranks || d->rank != sl_rank)
+            rc = k3_err_set(e, K3_EARG, "%s is the slice of rank %u of %u ranks (k3-pack --ranks): it runs only as "
+                            "rank %u of a %u-rank k3-run-mpi or k3-serve-mpi job", dir, sl_rank, sl_ranks, sl_rank,
+                            sl_ranks);
+        if (!en->streams) {
+            en->streams = 1;
+            en->budget = K3_STREAM_FLOOR;
+        }
+        if (!en->o.piece_bytes || en->o.piece_bytes > sl_piece)
+            en->o.piece_bytes = sl_piece;
+        en->slice = 1;
     }
     if (rc == 0 && en->streams) {
         if (!has_manifest(dir))
@@ -447,6 +493,7 @@ static int engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_
         so->trace_path = en->o.trace_path;
         so->trunk_crc = en->o.trunk_crc;
         so->piece_bytes = en->o.piece_bytes;
+        so->no_pin = en->slice;
         so->extra_bytes = en->sz.extra_bytes;
         int rc = plan_chunk(en, e);
         if (rc == 0)

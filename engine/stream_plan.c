@@ -267,7 +267,7 @@ int k3_stream_plan_make(const k3_stream_shape *sh, const k3_cfg *c, const k3_str
 
     cand best, cur;
     int have = 0;
-    if (B >= p->resident) {
+    if (B >= p->resident && !o->no_pin) {
         memset(&best, 0, sizeof best);
         for (uint32_t g = 0; g < G; g++)
             best.pinned[g] = 1;
@@ -276,7 +276,7 @@ int k3_stream_plan_make(const k3_stream_shape *sh, const k3_cfg *c, const k3_str
         best.dbl = 1;
         have = 1;
     }
-    for (uint32_t np = 0; np <= G; np++) {
+    for (uint32_t np = 0; np <= (o->no_pin ? 0 : G); np++) {
         if (have && best.streamed == 0 && best.slots == nrec)
             break;
         memset(&cur, 0, sizeof cur);
@@ -306,7 +306,7 @@ int k3_stream_plan_make(const k3_stream_shape *sh, const k3_cfg *c, const k3_str
                 left -= d2;
             }
         }
-        for (uint32_t i = np + 1; i < G; i++) {
+        for (uint32_t i = np + 1; i < G && !o->no_pin; i++) {
             uint64_t nb = cur.pinned_bytes + sh->group_bytes[order[i]];
             uint64_t d = k3_stream_arena_bytes(nb) - k3_stream_arena_bytes(cur.pinned_bytes);
             if (d <= left) {

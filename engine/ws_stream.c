@@ -614,3 +614,33 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
     w->started = 1;
     return 0;
 }
+
+int k3_ws_stream_foreign(const char *dir, uint32_t ranks, uint32_t rank, uint64_t piece,
+                         void (*cb)(void *arg, uint32_t file, uint64_t a, uint64_t b), void *arg, k3_err *e)
+{
+    if (ranks < 2 || ranks > K3_DIST_MAX_RANKS || rank >= ranks)
+        return k3_err_set(e, K3_EARG, "rank %u of %u ranks: expected 2 to %u ranks and a rank below them", rank,
+                          ranks, K3_DIST_MAX_RANKS);
+    /* the layout of rank `rank` is cut as that rank's own run cuts it */
+    k3_dist as_rank = {NULL, rank, ranks, 0, {0}, NULL}, *was = k3_dist_get();
+    k3_dist_set(&as_rank);
+    k3_ws *ws;
+    int rc = k3_ws_stream_open(&ws, dir, 0, e);
+    if (rc == 0) {
+        ws_stream *w = (ws_stream *)ws;
+        for (uint32_t g = 0; g < w->ng && rc == 0; g++) {
+            rc = layout_group(w, g, piece, e);
+            const grp *G = &w->grp[g];
+            for (uint32_t j = 0; j < G->nlz && rc == 0; j++)
+                for (uint32_t c = 0; c < G->lz[j].nchunks; c++)
+                    if (c < G->lz[j].c0 || c >= G->lz[j].c1) {
+                        uint64_t a, b;
+                        k3_wss_piece_range(G, j, c, &a, &b);
+                        cb(arg, G->lz[j].file, a, b);
+                    }
+        }
+        k3_ws_close(ws);
+    }
+    k3_dist_set(was);
+    return rc;
+}

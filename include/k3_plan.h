@@ -62,6 +62,8 @@ typedef struct k3_stream_opts {
     uint64_t piece_bytes;     /* stream the weight matrices larger than this in row
                                * pieces of at most this (0: whole groups); default
                                * K3_STREAM_PIECE_DEFAULT */
+    int no_pin;               /* pin no trunk group, whatever the budget (a rank's
+                               * slice: its groups have holes only pieces skip) */
 } k3_stream_opts;
 
 /* The default row piece (k3-run --ram-piece, k3-pack). 16 MiB: every matrix

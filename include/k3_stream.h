@@ -32,6 +32,13 @@ uint32_t k3_stream_piece_slots(const k3_wslot **slots);
  */
 int k3_ws_stream_open(k3_ws **out, const char *dir, int direct, k3_err *e);
 int k3_ws_stream_plan(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan, k3_err *e);
+/* The byte ranges of the model at dir that rank `rank` of `ranks` never reads
+ * when it streams with row pieces of piece bytes (k3_dist.h): the pieces of
+ * the other ranks' rows of every streamed matrix, as (file index, [a, b))
+ * in file order. For k3-pack --ranks, which leaves them out of a rank's
+ * slice. */
+int k3_ws_stream_foreign(const char *dir, uint32_t ranks, uint32_t rank, uint64_t piece,
+                         void (*cb)(void *arg, uint32_t file, uint64_t a, uint64_t b), void *arg, k3_err *e);
 int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan, k3_err *e);
 /* Publish what the run wrote (the --trace file: flushed, fsynced, renamed
  * from "<path>.tmp"); a write error, a full disk included, is returned and

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "k3_cli.h"
+#include "k3_dist.h"
 #include "k3_err.h"
 #include "k3_io.h"
 #include "k3_json.h"
@@ -26,6 +27,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: k3-pack [options] --ram SIZE SRC DST\n"
             "       k3-pack --plan [options] --ram SIZE SRC\n"
+            "       k3-pack --ranks N --rank R [--ram-piece SIZE] SRC DST\n"
             "\n"
             "Re-lay out the packed model SRC (k3-convert or k3-pack output) into DST for a\n"
             "RAM floor: streaming unit size (large tensors split by row ranges), the pinned\n"
@@ -47,6 +49,11 @@ static void usage(FILE *f)
             "  --ram-piece SIZE    k3-run's --ram-piece the floor is computed for (16M)\n"
             "  --pin LIST          pinned trunk groups: auto (k3-run's plan at SIZE), none,\n"
             "                      all, or a list like 0-3,7,head\n"
+            "  --ranks N --rank R  write instead the slice of SRC that rank R of an N-rank\n"
+            "                      k3-run-mpi or k3-serve-mpi job reads (docs/DIST.md): the\n"
+            "                      other ranks' rows of the streamed matrices and their\n"
+            "                      experts left as holes, at --ram-piece (the ranks must\n"
+            "                      stream with it or smaller); checked by k3-verify\n"
             "  --expert-order TRACE  order each MoE layer's records by use in TRACE (from\n"
             "                      k3-run --ram SIZE --trace TRACE), hot set recorded\n"
             "  --ctx N --chunk N --threads N --baseline BYTES\n"
@@ -88,6 +95,8 @@ int main(int argc, char **argv)
     int json = 0, plan_only = 0, rc = 0, progress = 0;
     const char *pos[2], *pin_arg = NULL;
     int npos = 0;
+    uint32_t ranks = 0;
+    int64_t rank = -1;
     char msg[512];
     k3_err e = {0};
     k3_dest dest = {.lock_fd = -1};
@@ -154,6 +163,14 @@ int main(int argc, char **argv)
                 return die(K3_EARG, "--baseline needs a number of bytes");
             o.baseline = n;
             i++;
+        } else if (!strcmp(a, "--ranks") || !strcmp(a, "--rank")) {
+            if (k3_cli_parse_u64(v, 0, K3_DIST_MAX_RANKS, &n))
+                return die(K3_EARG, "--ranks and --rank need a number from 0 to 256");
+            if (!strcmp(a, "--ranks"))
+                ranks = (uint32_t)n;
+            else
+                rank = (int64_t)n;
+            i++;
         } else if (!strcmp(a, "--plan")) {
             plan_only = 1;
         } else if (!strcmp(a, "--dense")) {
@@ -178,6 +195,24 @@ int main(int argc, char **argv)
         } else {
             return die(K3_EARG, "too many arguments (see --help)");
         }
+    }
+    if (ranks || rank >= 0) {
+        /* a rank's slice (pack/pack_slice.c) */
+        if (ranks < 2 || rank < 0 || rank >= ranks)
+            return die(K3_EARG, "--ranks N (2 to 256) and --rank R (0 to N-1) go together");
+        if (npos != 2 || plan_only || o.resume || o.force || pin_arg || o.trace_path)
+            return die(K3_EARG, "--ranks takes SRC and DST, with --ram-piece only (see --help)");
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        if ((rc = k3_pack_slice(pos[0], pos[1], ranks, (uint32_t)rank, o.piece_bytes, &e)) < 0)
+            return k3_out_error(rc, "%s", e.msg);
+        if (!o.quiet)
+            fprintf(stderr, "k3-pack: %s: the slice of rank %u of %u ranks (row pieces of %" PRIu64 " bytes)\n",
+                    pos[1], (uint32_t)rank, ranks, o.piece_bytes);
+        return 0;
     }
     if (npos != (plan_only ? 1 : 2))
         return die(K3_EARG, plan_only ? "--plan takes SRC only (see --help)" : "need SRC and DST (see --help)");

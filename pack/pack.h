@@ -171,5 +171,11 @@ int k3_pack_run(k3_pack_plan *p, const k3_dest *dest, const k3_pack_opts *o, k3_
 
 /* Ask a running repack to stop at the next chunk (async-signal-safe). */
 void k3_pack_interrupt(void);
+int k3_pack_interrupted(void);
+
+/* k3-pack --ranks N --rank R (pack/pack_slice.c): write DST, the slice of
+ * SRC that rank R of an N-rank job streaming with row pieces of piece bytes
+ * reads; K3_EEXIST if DST or its temporary exists. */
+int k3_pack_slice(const char *src, const char *dst, uint32_t ranks, uint32_t rank, uint64_t piece, k3_err *e);
 
 #endif

@@ -51,6 +51,7 @@
 static volatile sig_atomic_t stop_requested;
 
 void k3_pack_interrupt(void) { stop_requested = 1; }
+int k3_pack_interrupted(void) { return stop_requested != 0; }
 
 static int check_stop(k3_err *e)
 {

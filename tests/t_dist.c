@@ -305,3 +305,71 @@ K3_TEST_TIMEOUT(dist_each_rank_reads_and_checks_only_its_rows, 180)
     free(one);
     free(err);
 }
+
+/* k3-pack --ranks N --rank R: each rank's disk holds its slice only (the
+ * other ranks' pieces and experts are holes), k3-verify checks a slice, the
+ * slices run as their ranks with the bits of one process, and only so. */
+K3_TEST_TIMEOUT(dist_rank_slices_hold_less_verify_and_run_as_their_ranks, 240)
+{
+    need_mpi();
+    const char *dir = k3t_tmpdir();
+    models(dir, "--no-tokenizer");
+    const char *args = "--ids 3,1,4,1,5,9,2 --gen 6 --ram-piece 8K";
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "k3-run %s/pk %s --ram floor --logits-gen %s/ref.f32", dir, args, dir), 0);
+    char *out = NULL, *err = NULL;
+    for (int n = 2; n <= 3; n++) {
+        char cmd[8192] = "", big[8192] = "";
+        for (int r = 0; r < n; r++) {
+            CHECK_EQ_INT(k3t_runf(NULL, NULL, "mkdir -p %s/n%d/r%d && k3-pack --ranks %d --rank %d --ram-piece 8K "
+                                  "--quiet %s/pk %s/n%d/r%d/pk", dir, n, r, n, r, dir, dir, n, r), 0);
+            CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-verify %s/n%d/r%d/pk", dir, n, r), 0);
+            CHECK_STR_CONTAINS(out, "slice: rank");
+            free(out);
+            out = NULL;
+            /* less on disk than the whole model */
+            CHECK_EQ_INT(k3t_runf(&out, NULL, "echo $(( $(du -sk %s/n%d/r%d/pk | cut -f1) < $(du -sk %s/pk | cut -f1) ))",
+                                  dir, n, r, dir), 0);
+            CHECK_STR_EQ(out, "1\n");
+            free(out);
+            out = NULL;
+            size_t l = strlen(cmd), lb = strlen(big);
+            snprintf(cmd + l, sizeof cmd - l, "%s -np 1 -wdir %s/n%d/r%d k3-run-mpi pk %s %s", r ? " :" : "", dir, n, r,
+                     args, r ? "" : "--logits-gen ../../slice.f32");
+            snprintf(big + lb, sizeof big - lb, "%s -np 1 -wdir %s/n%d/r%d k3-run-mpi pk %s --ram resident %s",
+                     r ? " :" : "", dir, n, r, args, r ? "" : "--logits-gen ../../big.f32");
+        }
+        /* at the floor, and with a budget that would pin everything (a
+         * slice pins nothing: its groups have holes) */
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, MPIRUN " %s", cmd), 0);
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, MPIRUN " %s", big), 0);
+        char a[4200], b[4200], c[4200];
+        snprintf(a, sizeof a, "%s/ref.f32", dir);
+        snprintf(b, sizeof b, "%s/slice.f32", dir);
+        snprintf(c, sizeof c, "%s/big.f32", dir);
+        CHECK(same_file(a, b));
+        CHECK(same_file(a, c));
+        CHECK_EQ_INT(k3t_runf(NULL, NULL, "rm %s %s", b, c), 0);
+    }
+    /* a slice alone, or as another rank: refused with one line */
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-run %s/n2/r1/pk --ids 1,2 --gen 1", dir), 2);
+    CHECK_STR_CONTAINS(err, "is the slice of rank 1 of 2 ranks (k3-pack --ranks)");
+    free(err);
+    err = NULL;
+    CHECK(k3t_runf(NULL, &err, MPIRUN " -np 1 -wdir %s/n2/r1 k3-run-mpi pk --ids 1,2 --gen 1 : -np 1 -wdir %s/n2/r0 "
+                   "k3-run-mpi pk --ids 1,2 --gen 1", dir, dir) == 2);
+    CHECK_STR_CONTAINS(err, "it runs only as rank 1 of a 2-rank");
+    free(err);
+    err = NULL;
+    /* a kept byte damaged: k3-verify names the unit; the destination is never overwritten */
+    CHECK_EQ_INT(k3t_runf(NULL, NULL, "cd %s/n2/r0/pk && /usr/bin/python3 -c \""
+                          "import json; m = json.load(open('manifest.json')); u = m['plan']['slice']['units'][0]; "
+                          "k = u['kept'][0]; f = open(m['files'][m['trunk']['units'][u['unit']]['file']]['name'], 'r+b'); "
+                          "f.seek(k[0] + 100); b = f.read(1); f.seek(-1, 1); f.write(bytes([b[0] ^ 1]))\"", dir), 0);
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-verify %s/n2/r0/pk", dir), 1);
+    CHECK_STR_CONTAINS(out, "bytes kept by the slice");
+    CHECK_STR_CONTAINS(out, "CRC32 mismatch");
+    free(out);
+    CHECK_EQ_INT(k3t_runf(NULL, &err, "k3-pack --ranks 2 --rank 0 %s/pk %s/n2/r0/pk", dir, dir), 7);
+    CHECK_STR_CONTAINS(err, "exists");
+    free(err);
+}

@@ -44,6 +44,7 @@ typedef struct k3_vfy {
      * the manifest; zero counts if it could not be read): printed after the
      * verdict (vfy_packed.c: k3_vfy_packed_notes). */
     int have_model;
+    uint32_t slice_ranks, slice_rank;   /* a rank's slice (k3-pack --ranks; 0 ranks: a whole model) */
     uint32_t trunk_n[3];        /* tensors stored as BF16, F16, F32 */
     uint32_t trunk_rounded;     /* of them rounded to BF16 (--trunk-dtype bf16) */
     uint64_t left_outside_n, left_outside_bytes, left_unused_n, left_unused_bytes;

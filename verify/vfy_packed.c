@@ -14,13 +14,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "k3_crc.h"
 #include "k3_io.h"
 #include "k3_man.h"
 #include "vfy.h"
 
+/* A rank's slice (plan.slice, pack/pack_slice.c): the units with holes and
+ * the ranges kept of each. */
+typedef struct kept {
+    uint32_t unit;
+    uint64_t off, len;
+    uint32_t crc;
+} kept;
+
 typedef struct pstate {
     k3_man m;
+    uint32_t ranks, rank;       /* ranks 0: a whole model */
+    kept *kept;
+    uint32_t nkept;
+    uint8_t *holed;             /* per unit: it has holes, its kept ranges stand for it */
     int *size_ok;               /* per file */
     k3_pk_record *recs;         /* NULL if experts.idx is unusable */
     uint32_t *row_crc;          /* embed.crc; NULL if unusable */
@@ -370,6 +384,8 @@ static void full_hash(k3_vfy *v, pstate *s, uint64_t max_size)
     uint64_t nrec = s->recs ? (uint64_t)k3_man_moe_layers(&m->cfg) * m->cfg.num_experts : 0;
     for (uint32_t u = 0; u < m->nunits; u++)
         nreg[m->units[u].file]++;
+    for (uint32_t k = 0; k < s->nkept; k++)
+        nreg[m->units[s->kept[k].unit].file]++;
     for (uint64_t r = 0; r < nrec; r++)
         nreg[s->recs[r].file]++;
     uint32_t nj = 0;
@@ -384,16 +400,30 @@ static void full_hash(k3_vfy *v, pstate *s, uint64_t max_size)
         snprintf(j->name, sizeof j->name, "%s", m->files[i].name);
         snprintf(j->path, sizeof j->path, "%s/%s", v->dir, m->files[i].name);
         j->size = m->files[i].size;
-        j->has_want = 1;
+        /* a slice's data files have holes: their units and records say it all */
+        const int data = m->files[i].kind == K3_PK_FILE_TRUNK || m->files[i].kind == K3_PK_FILE_EXPERTS;
+        j->has_want = !(s->ranks && data);
         memcpy(j->want, m->files[i].sha256, 32);
         j->want_from = "the manifest";
         if (nreg[i] && !(j->regions = calloc(nreg[i], sizeof *j->regions)))
             oom = 1;
         nj++;
     }
+    for (uint32_t k = 0; !oom && job_of && k < s->nkept; k++) {
+        const kept *kp = &s->kept[k];
+        uint32_t ji = job_of[m->units[kp->unit].file];
+        if (!ji)
+            continue;
+        k3_vfy_region *g = &jobs[ji - 1].regions[jobs[ji - 1].nregions++];
+        g->off = kp->off;
+        g->len = kp->len;
+        g->crc = kp->crc;
+        snprintf(g->what, sizeof g->what, "unit %u (layer %d), bytes kept by the slice", kp->unit,
+                 m->units[kp->unit].layer);
+    }
     for (uint32_t u = 0; !oom && job_of && u < m->nunits; u++) {
         uint32_t ji = job_of[m->units[u].file];
-        if (!ji)
+        if (!ji || (s->holed && s->holed[u]))
             continue;
         k3_vfy_job *j = &jobs[ji - 1];
         k3_vfy_region *g = &j->regions[j->nregions++];
@@ -404,8 +434,8 @@ static void full_hash(k3_vfy *v, pstate *s, uint64_t max_size)
     }
     for (uint64_t r = 0; !oom && job_of && r < nrec; r++) {
         uint32_t ji = job_of[s->recs[r].file];
-        if (!ji)
-            continue;
+        if (!ji || (s->ranks && (r % m->cfg.num_experts) % s->ranks != s->rank))
+            continue;   /* another rank's expert: a hole in a slice */
         k3_vfy_job *j = &jobs[ji - 1];
         k3_vfy_region *g = &j->regions[j->nregions++];
         g->off = s->recs[r].offset;
@@ -428,6 +458,65 @@ static void full_hash(k3_vfy *v, pstate *s, uint64_t max_size)
     free(jobs);
     free(nreg);
     free(job_of);
+}
+
+/* plan.slice of a rank's slice: its ranks and the kept ranges of its units
+ * with holes (0 and nothing for a whole model; -1 after a problem). */
+static int read_slice(k3_vfy *v, pstate *s)
+{
+    cJSON *plan = cJSON_Parse(s->m.plan_json ? s->m.plan_json : "{}");
+    const cJSON *sl = cJSON_GetObjectItemCaseSensitive(plan, "slice");
+    int rc = 0;
+    if (!sl)
+        goto done;
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(sl, "ranks"), *r = cJSON_GetObjectItemCaseSensitive(sl, "rank");
+    const cJSON *units = cJSON_GetObjectItemCaseSensitive(sl, "units");
+    if (!cJSON_IsNumber(n) || !cJSON_IsNumber(r) || n->valuedouble < 2 || n->valuedouble > 256 ||
+        r->valuedouble < 0 || r->valuedouble >= n->valuedouble || !cJSON_IsArray(units)) {
+        k3_vfy_problem(v, "manifest.json", "plan.slice: ranks, rank or units are not what k3-pack --ranks writes");
+        rc = -1;
+        goto done;
+    }
+    s->ranks = v->slice_ranks = (uint32_t)n->valuedouble;
+    s->rank = v->slice_rank = (uint32_t)r->valuedouble;
+    if (!(s->holed = calloc(s->m.nunits ? s->m.nunits : 1, 1))) {
+        rc = -1;
+        goto done;
+    }
+    const cJSON *u;
+    cJSON_ArrayForEach(u, units) {
+        const cJSON *ui = cJSON_GetObjectItemCaseSensitive(u, "unit"), *ks = cJSON_GetObjectItemCaseSensitive(u, "kept");
+        if (!cJSON_IsNumber(ui) || ui->valuedouble < 0 || ui->valuedouble >= s->m.nunits || !cJSON_IsArray(ks)) {
+            k3_vfy_problem(v, "manifest.json", "plan.slice: a unit entry is not what k3-pack --ranks writes");
+            rc = -1;
+            goto done;
+        }
+        const uint32_t un = (uint32_t)ui->valuedouble;
+        const k3_pk_unit *pu = &s->m.units[un];
+        s->holed[un] = 1;
+        const cJSON *k;
+        cJSON_ArrayForEach(k, ks) {
+            const cJSON *o = cJSON_GetArrayItem(k, 0), *l = cJSON_GetArrayItem(k, 1), *c = cJSON_GetArrayItem(k, 2);
+            unsigned crc;
+            if (!cJSON_IsNumber(o) || !cJSON_IsNumber(l) || !cJSON_IsString(c) || o->valuedouble < pu->offset ||
+                l->valuedouble < 1 || o->valuedouble + l->valuedouble > pu->offset + pu->nbytes ||
+                strlen(c->valuestring) != 8 || sscanf(c->valuestring, "%8x", &crc) != 1) {
+                k3_vfy_problem(v, "manifest.json", "plan.slice: a kept range of unit %u is not inside it", un);
+                rc = -1;
+                goto done;
+            }
+            kept *nk = realloc(s->kept, (s->nkept + 1) * sizeof *nk);
+            if (!nk) {
+                rc = -1;
+                goto done;
+            }
+            s->kept = nk;
+            s->kept[s->nkept++] = (kept){un, (uint64_t)o->valuedouble, (uint64_t)l->valuedouble, crc};
+        }
+    }
+done:
+    cJSON_Delete(plan);
+    return rc;
 }
 
 int k3_vfy_packed(k3_vfy *v, k3_err *e)
@@ -471,11 +560,16 @@ int k3_vfy_packed(k3_vfy *v, k3_err *e)
         k3_man_free(&s.m);
         return k3_err_set(e, K3_ENOMEM, "out of memory");
     }
+    if (read_slice(v, &s) < 0) {
+        free(s.size_ok);
+        k3_man_free(&s.m);
+        return 0;
+    }
     check_listing(v, &s);
     check_index(v, &s);
     check_embed_crc(v, &s);
     check_provenance(v, &s);
-    if (v->full) {
+    if (v->full || s.ranks) {   /* a slice is checked whole: its ranges are listed, not sampled */
         full_hash(v, &s, UINT64_MAX);
     } else {
         /* --quick: every small file hashed whole (tokenizer, small trunk and
@@ -486,6 +580,8 @@ int k3_vfy_packed(k3_vfy *v, k3_err *e)
         sample_records(v, &s);
     }
     check_embed_rows(v, &s);
+    free(s.kept);
+    free(s.holed);
     free(s.recs);
     free(s.row_crc);
     free(s.size_ok);
@@ -497,6 +593,9 @@ void k3_vfy_packed_notes(const k3_vfy *v, FILE *f, const char *pre)
 {
     if (!v->have_model)
         return;
+    if (v->slice_ranks)
+        fprintf(f, "%sslice: rank %u of %u ranks (k3-pack --ranks): its bytes checked, the other ranks' pieces "
+                "and experts are holes\n", pre, v->slice_rank, v->slice_ranks);
     uint32_t n = v->trunk_n[0] + v->trunk_n[1] + v->trunk_n[2];
     if (v->trunk_rounded)
         fprintf(f, "%strunk: %u tensors, %u BF16, %u F16, %u F32; LOSSY: %u rounded to BF16 on request "
