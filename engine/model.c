@@ -139,7 +139,10 @@ static int mm_any(k3_model *m, const k3_view *W, uint64_t row0, uint64_t rows, c
         len[q] = b > a[q] ? b - a[q] : 0;
         most = len[q] > most ? len[q] : most;
     }
-    const uint64_t RR = K3_DIST_ROUND_ROWS;
+    /* rounds end where a rank's streamed pieces end (they start at its
+     * range), so no piece is asked for twice */
+    const uint64_t pr = W->piece_rows, RR = !pr ? K3_DIST_ROUND_ROWS
+                                         : pr >= K3_DIST_ROUND_ROWS ? pr : K3_DIST_ROUND_ROWS / pr * pr;
     for (uint64_t k = 0; k == 0 || k * RR < most; k++) {
         for (uint32_t q = 0; q < N; q++) {
             const uint64_t done = k * RR < len[q] ? k * RR : len[q];
@@ -255,6 +258,8 @@ static int check_group(k3_model *m, uint32_t g, uint64_t *smalls_need, k3_err *e
         int rc = k3_ws_describe(m->ws, g, s, &v, e);
         if (rc < 0)
             return rc;
+        if (v.piece_rows > m->dist_round_rows)
+            m->dist_round_rows = v.piece_rows;
         const char *where = is_head ? "model output" : "layer";
         uint64_t n = k3_view_numel(&v);
         if (cols) {
@@ -500,7 +505,8 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
         /* a product round: at most K3_DIST_ROUND_ROWS rows per rank; the
          * expert outputs: T x top-k latents */
         const uint64_t N = m->dist->size, S = sizeof(k3_dist_status);
-        uint64_t share = T * K3_DIST_ROUND_ROWS * sizeof(float), all = N * share;
+        const uint64_t rr = m->dist_round_rows > K3_DIST_ROUND_ROWS ? m->dist_round_rows : K3_DIST_ROUND_ROWS;
+        uint64_t share = T * rr * sizeof(float), all = N * share;
         const uint64_t xo = has_moe ? T * d->TOPK * d->LAT * sizeof(float) : 0;
         share = share > xo ? share : xo;
         all = all > xo ? all : xo;

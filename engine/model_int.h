@@ -80,7 +80,8 @@ struct k3_model {
      * this rank's share of a product round or of the expert outputs, drecv
      * every rank's */
     k3_dist *dist;
-    uint32_t dist_id, dist_seqs;
+    uint32_t dist_id;
+    uint64_t dist_round_rows;  /* the most rows of a streamed matrix's piece (a round holds one) */
     uint8_t *dsend, *drecv;
     const void **dparts;
 };

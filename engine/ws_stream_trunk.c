@@ -331,6 +331,7 @@ static void fill_views(ws_stream *w, uint32_t g, const uint8_t *region, int core
             v->src = &w->base;
             v->group = g;
             v->slot = G->lz[j].slot;
+            v->piece_rows = G->lz[j].chunk_rows;
         }
 }
 
@@ -504,6 +505,9 @@ int k3_wss_st_describe(k3_ws *ws, uint32_t g, k3_wslot s, k3_view *out, k3_err *
         return k3_err_set(e, K3_ENOENT, "%s: packed model has no tensor %s in group %u", ws->dir, k3_wslot_name(s), g);
     *out = w->tmpl[(uint64_t)g * K3_W_COUNT + s];
     out->data = NULL;
+    for (uint32_t j = 0; j < w->grp[g].nlz; j++)
+        if (w->grp[g].lz[j].slot == (uint32_t)s)
+            out->piece_rows = w->grp[g].lz[j].chunk_rows;
     return 0;
 }
 

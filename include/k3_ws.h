@@ -53,6 +53,9 @@ typedef struct k3_view {
      * it; every other view has src NULL. */
     k3_ws *src;
     uint32_t group, slot;
+    /* A streamed matrix: the rows of each of its pieces (the last of each
+     * rank's range may be shorter; describe sets it too, after the plan). */
+    uint64_t piece_rows;
 } k3_view;
 
 /* Number of elements of a view (product of the shape). */
