@@ -88,7 +88,8 @@ int k3_dist_gather(k3_dist *d, int code, const k3_err *mine, void *send, const u
     status_fill(send, code, 0);
     uint64_t cnt[K3_DIST_MAX_RANKS];
     for (uint32_t q = 0; q < d->size; q++)
-        cnt[q] = S + n[q];
+        cnt[q] = S + (n[q] + 7) / 8 * 8;   /* every status 8-aligned in recv */
+    memset((uint8_t *)send + S + n[d->rank], 0, cnt[d->rank] - S - n[d->rank]);
     d->st.collectives++;
     d->st.bytes_out += n[d->rank];
     int rc = d->ops->gather(d, send, cnt[d->rank], recv, cnt, e);

@@ -514,8 +514,8 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
         const uint64_t hv = d->n_mla ? T * d->VD * sizeof(float) : 0;
         share = share > (d->MH + N - 1) / N * hv ? share : (d->MH + N - 1) / N * hv;
         all = all > d->MH * hv ? all : d->MH * hv;
-        m->dsend = malloc(S + share);
-        m->drecv = malloc(N * S + all);
+        m->dsend = malloc(S + share + 8);   /* + rounding to 8 (k3_dist_gather) */
+        m->drecv = malloc(N * (S + 8) + all);
         m->dparts = calloc(N, sizeof *m->dparts);
         if (!m->dsend || !m->drecv || !m->dparts)
             bad = 1;

@@ -520,8 +520,8 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
         uint64_t most = 0;
         for (uint32_t g = 0; g < w->ng; g++)
             most = w->grp[g].nparts > most ? w->grp[g].nparts : most;
-        w->dsend = malloc(sizeof(k3_dist_status) + 4 * most);
-        w->drecv = malloc(d->size * sizeof(k3_dist_status) + 4 * most);
+        w->dsend = malloc(sizeof(k3_dist_status) + 4 * most + 8);   /* + rounding to 8 (k3_dist_gather) */
+        w->drecv = malloc(d->size * (sizeof(k3_dist_status) + 8) + 4 * most);
         if (!w->dsend || !w->drecv)
             return k3_err_set(e, K3_ENOMEM, "out of memory");
     }

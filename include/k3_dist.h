@@ -102,8 +102,9 @@ static inline uint32_t k3_dist_expert_rank(uint32_t expert, uint32_t size) { ret
 int k3_dist_agree(k3_dist *d, int code, const k3_err *mine, uint32_t value, const char *what, k3_err *e);
 
 /* As ops->gather, with each rank's status in front of its bytes: send holds
- * sizeof(k3_dist_status) bytes for it, then this rank's n[rank] bytes; recv
- * takes size statuses and the sum of n. parts[q]
+ * sizeof(k3_dist_status) bytes for it, then this rank's n[rank] bytes and
+ * room to round them up to a multiple of 8; recv takes size statuses and
+ * the sum of n, each rounded up to a multiple of 8. parts[q]
  * is set to rank q's bytes in recv. Returns as k3_dist_agree. */
 int k3_dist_gather(k3_dist *d, int code, const k3_err *mine, void *send, const uint64_t *n, void *recv,
                    const void **parts, k3_err *e);
