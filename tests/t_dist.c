@@ -373,3 +373,50 @@ K3_TEST_TIMEOUT(dist_rank_slices_hold_less_verify_and_run_as_their_ranks, 240)
     CHECK_STR_CONTAINS(err, "exists");
     free(err);
 }
+
+/* The other paths over the engine API keep the bits too: a chat turn, a
+ * saved state (the same bytes) and a loaded one, speculative decoding. */
+K3_TEST_TIMEOUT(dist_chat_state_files_and_speculation_are_those_of_one_process, 240)
+{
+    need_mpi();
+    const char *dir = k3t_tmpdir();
+    models(dir, "");
+    static const char *const runs[][2] = {
+        {"printf 'Hello\\n' |", "--chat --gen 6 --ram floor"},
+        {"", "--ids 1,2,3 --gen 3 --json --quiet --state-save %s/STATE"},
+        {"", "--ids 1,2,3,4,5 --gen 4 --json --quiet --state-load %s/one.st"},
+        {"", "--ids 5,6,5,6,5,6 --gen 12 --spec ngram:4 --json --quiet --ram floor"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        char args[8192], a1[8192], an[8192];
+        snprintf(args, sizeof args, runs[i][1], dir);
+        /* the state files: one.st from one process, two.st from the ranks */
+        snprintf(a1, sizeof a1, "%s", args);
+        snprintf(an, sizeof an, "%s", args);
+        char *p;
+        if ((p = strstr(a1, "STATE")))
+            memcpy(p, "one.st", 6), p[6] = 0;
+        if ((p = strstr(an, "STATE")))
+            memcpy(p, "two.st", 6), p[6] = 0;
+        char *one = NULL, *many = NULL;
+        CHECK_EQ_INT(k3t_runf(&one, NULL, "%s k3-run %s/pk %s 2>/dev/null", runs[i][0], dir, a1), 0);
+        CHECK_EQ_INT(k3t_runf(&many, NULL, "%s " MPIRUN " -np 2 k3-run-mpi %s/pk %s 2>/dev/null", runs[i][0], dir, an),
+                     0);
+        if (strstr(args, "--json")) {
+            char *g1 = gen_ids(one), *g2 = gen_ids(many);
+            CHECK(strlen(g1) > 18);
+            CHECK_STR_EQ(g2, g1);
+            free(g1);
+            free(g2);
+        } else {
+            CHECK(one && strlen(one) > 0);
+            CHECK_STR_EQ(many, one);
+        }
+        free(one);
+        free(many);
+    }
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/one.st", dir);
+    snprintf(b, sizeof b, "%s/two.st", dir);
+    CHECK(same_file(a, b));
+}
