@@ -142,4 +142,8 @@ int k3_conv_merge(const char *dst, const char *const *parts, int nparts, const k
 /* Ask a running conversion to stop at the next chunk (async-signal-safe). */
 void k3_conv_interrupt(void);
 
+/* {"name", "size", "sha256"} of a file, for the journal and a part's
+ * record (conv_journal.c). */
+struct cJSON *k3_conv_named_hash(const char *name, uint64_t size, const uint8_t sha[32]);
+
 #endif

@@ -49,7 +49,7 @@ static cJSON *crc_array(const uint32_t *crc, uint32_t n)
     return a;
 }
 
-static cJSON *named_hash(const char *name, uint64_t size, const uint8_t sha[32])
+cJSON *k3_conv_named_hash(const char *name, uint64_t size, const uint8_t sha[32])
 {
     cJSON *o = cJSON_CreateObject();
     char hex[65];
@@ -75,12 +75,14 @@ int k3_conv_journal_write_group(conv *cv, uint32_t g, k3_err *e)
     cJSON_AddNumberToObject(root, "group", g);
     cJSON *sh = cJSON_AddArrayToObject(root, "shards");
     for (uint32_t s = G->shard_first; s < G->shard_end; s++)
-        cJSON_AddItemToArray(sh, named_hash(k3_st_shard_name(p->st, s), k3_st_shard_size(p->st, s), cv->shard_sha[s]));
+        cJSON_AddItemToArray(sh, k3_conv_named_hash(k3_st_shard_name(p->st, s), k3_st_shard_size(p->st, s),
+                                                    cv->shard_sha[s]));
     cJSON *fs = cJSON_AddArrayToObject(root, "files");
     const k3_conv_ofile *of[2] = {&G->trunk, &G->experts};
     for (int k = 0; k < 2; k++)
         if (of[k]->size)
-            cJSON_AddItemToArray(fs, named_hash(of[k]->name, of[k]->size, p->man.files[of[k]->file_index].sha256));
+            cJSON_AddItemToArray(fs, k3_conv_named_hash(of[k]->name, of[k]->size,
+                                                        p->man.files[of[k]->file_index].sha256));
     cJSON_AddItemToObject(root, "unit_crcs", crc_array(G->trunk.region_crc, G->trunk.nregions));
     cJSON_AddItemToObject(root, "record_crcs", crc_array(G->experts.region_crc, G->experts.nregions));
     if (g == cv->embed_group && cv->embed_t >= 0) {

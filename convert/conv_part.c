@@ -125,17 +125,6 @@ int k3_conv_part_select(const k3_conv_plan *p, const char *spec, uint8_t *sel, F
 
 /* ---- the end of a part ----------------------------------------------------------- */
 
-static cJSON *named_hash(const char *name, uint64_t size, const uint8_t sha[32])
-{
-    cJSON *o = cJSON_CreateObject();
-    char hex[65];
-    k3_man_hex(sha, hex);
-    cJSON_AddStringToObject(o, "name", name);
-    cJSON_AddNumberToObject(o, "size", (double)size);
-    cJSON_AddStringToObject(o, "sha256", hex);
-    return o;
-}
-
 int k3_conv_part_finish(conv *cv, const uint8_t *sel, k3_err *e)
 {
     k3_conv_plan *p = cv->p;
@@ -164,7 +153,7 @@ int k3_conv_part_finish(conv *cv, const uint8_t *sel, k3_err *e)
         uint8_t sha[32];
         unsigned int hl;
         EVP_Digest(buf, (size_t)len, sha, &hl, EVP_sha256(), NULL);
-        cJSON_AddItemToArray(files, named_hash(small_names[i], len, sha));
+        cJSON_AddItemToArray(files, k3_conv_named_hash(small_names[i], len, sha));
         if ((rc = k3_io_path_join(path, sizeof path, dir, small_names[i], e)) == 0)
             rc = k3_io_write_file_atomic(path, buf, len, e);
         free(buf);

@@ -72,55 +72,51 @@ static int has_manifest(const char *dir)
     return k3_io_path_join(mp, sizeof mp, dir, "manifest.json", NULL) == 0 && stat(mp, &st) == 0;
 }
 
-/* The budget a k3-pack layout was made for (manifest plan.k3_run.ram, when
- * plan.k3_run.streams): 1 and *budget set if there is one. Anything
- * unreadable here is left for the packed source to report. */
-static int layout_budget(const char *dir, uint64_t *budget)
+/* The manifest's plan object (parsed, the caller deletes it), NULL when
+ * there is no manifest or it cannot be read: that is left for the packed
+ * source to report. */
+static cJSON *manifest_plan(const char *dir)
 {
     char mp[4096];
     char *txt = NULL;
-    int found = 0;
     if (k3_io_path_join(mp, sizeof mp, dir, "manifest.json", NULL) < 0 || access(mp, F_OK) != 0 ||
         k3_io_read_file(mp, 64u << 20, &txt, NULL, NULL) < 0)
-        return 0;
+        return NULL;
     cJSON *root = cJSON_Parse(txt);
-    const cJSON *run = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "plan"), "k3_run");
-    const cJSON *streams = cJSON_GetObjectItemCaseSensitive(run, "streams");
-    const cJSON *ram = cJSON_GetObjectItemCaseSensitive(run, "ram");
-    if (cJSON_IsTrue(streams) && cJSON_IsNumber(ram) && ram->valuedouble >= 1 && ram->valuedouble < 0x1p63) {
-        *budget = (uint64_t)ram->valuedouble;
-        found = 1;
-    }
-    cJSON_Delete(root);
     free(txt);
-    return found;
+    cJSON *plan = cJSON_DetachItemFromObjectCaseSensitive(root, "plan");
+    cJSON_Delete(root);
+    return plan;
 }
 
-/* A rank's slice (k3-pack --ranks, manifest plan.slice): 1 and its ranks,
- * rank and row piece if dir is one. */
-static int slice_of(const char *dir, uint32_t *ranks, uint32_t *rank, uint64_t *piece)
+/* The budget a k3-pack layout was made for (plan.k3_run.ram, when
+ * plan.k3_run.streams): 1 and *budget set if there is one. */
+static int layout_budget(const cJSON *plan, uint64_t *budget)
 {
-    char mp[4096];
-    char *txt = NULL;
-    int found = 0;
-    if (k3_io_path_join(mp, sizeof mp, dir, "manifest.json", NULL) < 0 || access(mp, F_OK) != 0 ||
-        k3_io_read_file(mp, 64u << 20, &txt, NULL, NULL) < 0)
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(plan, "k3_run");
+    const cJSON *streams = cJSON_GetObjectItemCaseSensitive(run, "streams");
+    const cJSON *ram = cJSON_GetObjectItemCaseSensitive(run, "ram");
+    if (!cJSON_IsTrue(streams) || !cJSON_IsNumber(ram) || ram->valuedouble < 1 || ram->valuedouble >= 0x1p63)
         return 0;
-    cJSON *root = cJSON_Parse(txt);
-    const cJSON *sl = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "plan"), "slice");
+    *budget = (uint64_t)ram->valuedouble;
+    return 1;
+}
+
+/* A rank's slice (k3-pack --ranks, plan.slice): 1 and its ranks, rank and
+ * row piece if the plan says the model is one. */
+static int slice_of(const cJSON *plan, uint32_t *ranks, uint32_t *rank, uint64_t *piece)
+{
+    const cJSON *sl = cJSON_GetObjectItemCaseSensitive(plan, "slice");
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(sl, "ranks"), *r = cJSON_GetObjectItemCaseSensitive(sl, "rank"),
                 *p = cJSON_GetObjectItemCaseSensitive(sl, "piece_bytes");
-    if (cJSON_IsNumber(n) && cJSON_IsNumber(r) && cJSON_IsNumber(p) && n->valuedouble >= 2 &&
-        n->valuedouble <= K3_DIST_MAX_RANKS && r->valuedouble >= 0 && r->valuedouble < n->valuedouble &&
-        p->valuedouble >= 1 && p->valuedouble < 0x1p63) {
-        *ranks = (uint32_t)n->valuedouble;
-        *rank = (uint32_t)r->valuedouble;
-        *piece = (uint64_t)p->valuedouble;
-        found = 1;
-    }
-    cJSON_Delete(root);
-    free(txt);
-    return found;
+    if (!cJSON_IsNumber(n) || !cJSON_IsNumber(r) || !cJSON_IsNumber(p) || n->valuedouble < 2 ||
+        n->valuedouble > K3_DIST_MAX_RANKS || r->valuedouble < 0 || r->valuedouble >= n->valuedouble ||
+        p->valuedouble < 1 || p->valuedouble >= 0x1p63)
+        return 0;
+    *ranks = (uint32_t)n->valuedouble;
+    *rank = (uint32_t)r->valuedouble;
+    *piece = (uint64_t)p->valuedouble;
+    return 1;
 }
 
 static int has_tokenizer(const char *dir)
@@ -216,10 +212,11 @@ static int engine_open(k3_engine **out, const char *dir, const k3_engine_opts *o
     if (!en->o.max_chunk)
         en->o.max_chunk = 64;
     int rc = 0;
+    cJSON *plan = manifest_plan(dir);   /* read once: a layout's budget, a rank's slice */
     if (en->o.ram) {
         en->streams = 1;
         rc = k3_stream_parse_budget(en->o.ram, &en->budget, e);
-    } else if (layout_budget(dir, &en->layout_budget)) {
+    } else if (layout_budget(plan, &en->layout_budget)) {
         /* a model laid out by k3-pack streams by default within the budget
          * it was packed for */
         en->streams = en->from_layout = 1;
@@ -227,7 +224,7 @@ static int engine_open(k3_engine **out, const char *dir, const k3_engine_opts *o
     }
     uint32_t sl_ranks, sl_rank;
     uint64_t sl_piece;
-    if (rc == 0 && slice_of(dir, &sl_ranks, &sl_rank, &sl_piece)) {
+    if (rc == 0 && slice_of(plan, &sl_ranks, &sl_rank, &sl_piece)) {
         /* a rank's slice: only that rank, streamed in pieces no larger than
          * the slice was cut for, nothing pinned (its groups have holes) */
         const k3_dist *d = k3_dist_get();
@@ -243,6 +240,7 @@ static int engine_open(k3_engine **out, const char *dir, const k3_engine_opts *o
             en->o.piece_bytes = sl_piece;
         en->slice = 1;
     }
+    cJSON_Delete(plan);
     if (rc == 0 && en->streams) {
         if (!has_manifest(dir))
             rc = k3_err_set(e, K3_EARG, "--ram needs a packed model (k3-convert): %s has no manifest.json", dir);
