@@ -93,7 +93,7 @@ static void cmp_close(k3_ws *ws)
 }
 static const k3_ws_ops compose_ops = {"compose", cmp_describe, cmp_acquire, cmp_release, cmp_embed,
                                       cmp_batch, cmp_experts, cmp_experts_release, cmp_close,
-                                      NULL, NULL, NULL, NULL, NULL};
+                                      NULL, NULL, NULL, NULL, NULL, NULL};
 
 static int compose_open(k3_ws **out, k3_ws *real, k3_err *e)
 {

@@ -61,6 +61,7 @@ void k3_engine_opts_init(k3_engine_opts *o)
     memset(o, 0, sizeof *o);
     o->piece_bytes = K3_STREAM_PIECE_DEFAULT;
     o->trunk_crc = 1;
+    o->expert_guess = 1;
 }
 
 /* ------------------------------------------------------------- opening */
@@ -490,6 +491,7 @@ static int engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_
         so->nthreads = (uint32_t)omp_get_max_threads();
         so->trace_path = en->o.trace_path;
         so->trunk_crc = en->o.trunk_crc;
+        so->expert_guess = en->o.expert_guess;
         so->piece_bytes = en->o.piece_bytes;
         so->no_pin = en->slice;
         so->extra_bytes = en->sz.extra_bytes;

@@ -106,7 +106,7 @@ typedef struct open_msg {
     uint32_t threads, max_chunk, chunk_auto, trunk_crc;
     uint64_t piece_bytes;
     uint32_t len[3];           /* model directory, --ram, tokenizer directory (0: none) */
-    uint32_t pad;
+    uint32_t expert_guess;
 } open_msg;
 
 /* Rank 0's k3_engine_open: the order, with its options. */
@@ -117,7 +117,7 @@ int k3_order_open(k3_dist *d, uint32_t id, const char *dir, const k3_engine_opts
         return k3_order_begin(d, &(k3_order){0}, NULL, sent, e);
     const char *s[3] = {dir, o->ram, o->tok_dir};
     open_msg om = {o->threads, o->max_chunk, (uint32_t)o->chunk_auto, (uint32_t)o->trunk_crc, o->piece_bytes,
-                   {0, 0, 0}, 0};
+                   {0, 0, 0}, (uint32_t)o->expert_guess};
     uint64_t len = sizeof om;
     for (int i = 0; i < 3; i++) {
         om.len[i] = s[i] ? (uint32_t)strlen(s[i]) + 1 : 0;
@@ -173,6 +173,7 @@ static int do_open(fengine *t, const k3_order *o, uint8_t *p, k3_err *e)
     eo.max_chunk = om.max_chunk;
     eo.chunk_auto = (int)om.chunk_auto;
     eo.trunk_crc = (int)om.trunk_crc;
+    eo.expert_guess = (int)om.expert_guess;
     eo.piece_bytes = om.piece_bytes;
     eo.ram = s[1];
     eo.tok_dir = s[2];

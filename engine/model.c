@@ -368,7 +368,7 @@ static uint64_t ubytes(uint64_t n) { return (n ? n : 1) * sizeof(uint32_t); }
 /* The sizes of open and create below, buffer for buffer (keep the two in
  * step: tests/t_schema.c compares them with what is allocated). */
 void k3_model_mem_need(const k3_cfg *c, uint32_t max_chunk, uint32_t max_ctx, uint32_t nthreads,
-                       uint32_t expert_batch, k3_model_mem *out)
+                       k3_model_mem *out)
 {
     k3_dims dd, *d = &dd;
     memset(d, 0, sizeof *d);
@@ -400,10 +400,10 @@ void k3_model_mem_need(const k3_cfg *c, uint32_t max_chunk, uint32_t max_ctx, ui
         inner = (uint64_t)d->I * d->NSH;
     b += 2 * fbytes(T * inner);
     if (d->NL > c->first_k_dense_replace) {
-        const uint64_t TK = T * d->TOPK, xb = expert_batch && expert_batch <= d->NE ? expert_batch : d->NE;
+        const uint64_t TK = T * d->TOPK;
         b += fbytes(T * d->NE) + fbytes(TK) + ubytes(TK) + 2 * fbytes(T * d->LAT) + 2 * fbytes(T * d->I) +
              fbytes(T * d->LAT) + fbytes(TK * d->LAT) + fbytes(T * d->LAT) + fbytes(T * E) + 2 * ubytes(d->NE) +
-             2 * ubytes(TK) + (xb ? xb : 1) * sizeof(k3_expert_view);
+             2 * ubytes(TK);
     }
     /* the pass: product row blocks, segments, row maps, head rows */
     b += fbytes(T * K3_MM_BLOCK) + T * sizeof(k3_seg) + T * sizeof(float *) + 3 * ubytes(T);
@@ -457,10 +457,6 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
         k3_model_close(m);
         return rc;
     }
-    m->expert_batch = k3_ws_expert_batch_max(ws);
-    if (m->expert_batch == 0 || m->expert_batch > d->NE)
-        m->expert_batch = d->NE;
-
     uint64_t T = m->max_chunk, E = d->E, P = d->P;
     int bad = 0;
     m->smalls_cap = smalls;
@@ -495,9 +491,6 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
         m->mout = falloc(TK * d->LAT, &bad); m->macc = falloc(T * d->LAT, &bad); m->mup = falloc(T * E, &bad);
         m->eids = ualloc(d->NE, &bad); m->ecount = ualloc(d->NE, &bad);
         m->etok = ualloc(TK, &bad); m->eslot = ualloc(TK, &bad);
-        m->eviews = calloc(m->expert_batch, sizeof(k3_expert_view));
-        if (!m->eviews)
-            bad = 1;
     }
     m->mmtmp = falloc(T * K3_MM_BLOCK, &bad);
     m->dist = k3_dist_get();
@@ -547,7 +540,7 @@ void k3_model_close(k3_model *m)
                    m->mmtmp};
     for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++)
         free(fs[i]);
-    free(m->rsel); free(m->eids); free(m->ecount); free(m->etok); free(m->eslot); free(m->eviews);
+    free(m->rsel); free(m->eids); free(m->ecount); free(m->etok); free(m->eslot);
     free(m->segs); free(m->head_dst); free(m->rowseg); free(m->ids); free(m->head_row);
     free(m->dsend); free(m->drecv); free(m->dparts);
     free(m->layer_slot);
@@ -673,6 +666,24 @@ static void vadd(float *a, const float *b, uint64_t n)
         a[i] += b[i];
 }
 
+/* Before a MoE layer's attention: its MoE input as it would be if the
+ * attention added nothing (the output AttnRes over the stack and the partial
+ * block - empty when the layer starts a block), normed, routed as a guess of
+ * the experts the layer will want (k3_moe_guess). m->attn and m->mlp are
+ * free until the attention and the MLP write them. */
+static void guess_experts(k3_model *m, uint32_t L, const k3_view *v, uint32_t T, uint32_t ns, int prefix_none)
+{
+    const uint64_t TE = (uint64_t)T * m->d.E;
+    const float *last = m->prefix;
+    if (prefix_none) {
+        memset(m->attn, 0, TE * sizeof(float));
+        last = m->attn;
+    }
+    attn_res(m, ns, NULL, last, m->f_mlp, T, m->mlp);
+    k3_model_rmsnorm(m->mlp, m->vf[K3_W_POST_NORM], m->d.E, T, m->d.eps, m->mlp);
+    k3_moe_guess(m, L, v, m->mlp, T);
+}
+
 /* Over several ranks, group g done: every rank's status agreed, and the
  * CRCs of units whose pieces several ranks read checked (k3_ws.h). */
 static int group_done(k3_model *m, uint32_t g, int code, k3_err *e)
@@ -717,6 +728,9 @@ static int forward_pass(k3_model *m, k3_err *e)
             ns++;
             prefix_none = 1;
         }
+        int dense = k3_cfg_layer_is_dense(&m->cfg, L);
+        if (!dense && !m->dist && k3_ws_has_experts_guess(m->ws))   /* ranks: a product is a collective */
+            guess_experts(m, L, v, T, ns, prefix_none);
         k3_model_rmsnorm(m->h, m->vf[K3_W_INPUT_NORM], d->E, T, d->eps, m->xn);
         t0 = omp_get_wtime();
         int mla = k3_cfg_layer_is_mla(&m->cfg, L);
@@ -736,7 +750,6 @@ static int forward_pass(k3_model *m, k3_err *e)
             vadd(m->prefix, m->attn, TE);
         attn_res(m, ns, NULL, m->prefix, m->f_mlp, T, m->h);
         k3_model_rmsnorm(m->h, m->vf[K3_W_POST_NORM], d->E, T, d->eps, m->xn);
-        int dense = k3_cfg_layer_is_dense(&m->cfg, L);
         t0 = omp_get_wtime();
         rc = dense ? k3_mlp_dense_forward(m, v, T, e) : k3_moe_forward(m, L, v, T, e);
         t1 = omp_get_wtime();

@@ -48,7 +48,6 @@ struct k3_model {
     uint32_t max_chunk;
     int nthreads;
     uint32_t *layer_slot;     /* per layer: index among KDA layers or among MLA layers */
-    uint32_t expert_batch;    /* experts per k3_ws_experts_acquire */
     /* the current group's vectors widened to f32 (NULL if absent) */
     float *vf[K3_W_COUNT];
     float *smalls;            /* storage for vf, sized for the largest group */
@@ -65,7 +64,6 @@ struct k3_model {
     /* MoE */
     float *rs, *rw, *mz, *mx, *m1, *m3, *my, *mout, *macc, *mup;
     uint32_t *rsel, *eids, *etok, *eslot, *ecount;
-    k3_expert_view *eviews;
     /* the pass: segments, row -> segment, ids, the rows the head computes
      * and where each goes */
     k3_seg *segs;
@@ -179,5 +177,9 @@ int k3_kda_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
 int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e);
 int k3_mlp_dense_forward(k3_model *m, const k3_view *v, uint32_t T, k3_err *e);
 int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e);
+/* Route the T rows of x (what the MoE input would be if the attention added
+ * nothing) and give the experts picked to the source as a guess
+ * (k3_ws_experts_guess). Uses the routing scratch; changes no number. */
+void k3_moe_guess(k3_model *m, uint32_t layer, const k3_view *v, const float *x, uint32_t T);
 
 #endif

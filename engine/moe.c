@@ -6,11 +6,13 @@
  * only selects, ties go to the lower expert index; weights are the raw
  * scores, renormalised by their float sum in top-k order (+1e-20), then
  * scaled by routed_scaling_factor.
- * Experts: the chunk's tokens are grouped by expert (experts ascending,
- * tokens ascending within an expert) so each expert record is requested once
- * per chunk, in batches of k3_ws_expert_batch_max; every expert runs its rows
- * straight from MXFP4 with k3_gemm_mx. The aggregate of a token is summed in
- * its top-k order, so the grouping never changes a number.
+ * Experts: the chunk's tokens are grouped by expert (tokens ascending within
+ * an expert) so each expert record is requested once per chunk, one at a
+ * time, in the order the source will have them ready (k3_ws_experts_prefetch
+ * leaves the ids in it: those it holds first, so they run while the others
+ * are read); every expert runs its rows straight from MXFP4 with k3_gemm_mx.
+ * The aggregate of a token is summed in its top-k order, so neither the
+ * grouping nor the order of the experts changes a number.
  * Over several ranks (k3_dist.h) expert e runs on rank e mod N only and
  * the outputs are exchanged before the sum, which every rank then does in
  * the same order.
@@ -18,7 +20,10 @@
  * (k3_ws_experts_prefetch, a hint a streaming source uses to start its
  * reads), then the latent down projection and the shared experts run before
  * the first expert is acquired; the sum routed + shared is the same
- * expression as ever.
+ * expression as ever. Earlier still, before the layer's attention,
+ * k3_moe_guess routes the hidden state as it stands and hands the experts it
+ * picks to the source as a guess (k3_ws_experts_guess): reads that can start
+ * while the attention computes, and that change no number.
  */
 #include <string.h>
 
@@ -70,22 +75,61 @@ void k3_moe_route(const float *score, const float *bias, uint32_t NE, uint32_t K
     }
 }
 
-int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e)
+/* The router's scores of the T rows of in into m->rs, sigmoids, and each
+ * row's top-k into m->rsel. */
+static int route(k3_model *m, const k3_view *v, const float *in, uint32_t T, k3_err *e)
 {
     const k3_dims *d = &m->d;
-    const uint32_t NE = d->NE, K = d->TOPK, LAT = d->LAT, I = d->I;
-
-    /* routing */
-    K3_TRY(k3_model_mm(m, &v[K3_W_MOE_ROUTER], m->xn, T, m->rs, e));
+    const uint32_t NE = d->NE, K = d->TOPK;
+    K3_TRY(k3_model_mm(m, &v[K3_W_MOE_ROUTER], in, T, m->rs, e));
     const float *bias = m->vf[K3_W_MOE_BIAS];
     K3_PAR_FOR((uint64_t)T * NE * K > K3_PAR_MIN,
     for (uint32_t t = 0; t < T; t++) {
         float *sc = m->rs + (uint64_t)t * NE;
         for (uint32_t x = 0; x < NE; x++)
             sc[x] = k3_sigmoidf(sc[x]);
-        uint32_t *sel = m->rsel + (uint64_t)t * K;
+        k3_moe_route(sc, bias, NE, K, m->rsel + (uint64_t)t * K);
+    });
+    return 0;
+}
+
+/* The distinct experts of m->rsel's T rows, ascending, this rank's only (k3_dist_expert_rank), into m->eids. */
+static uint32_t chunk_experts(k3_model *m, uint32_t T)
+{
+    const uint32_t NE = m->d.NE;
+    memset(m->ecount, 0, NE * sizeof(uint32_t));
+    for (uint64_t i = 0; i < (uint64_t)T * m->d.TOPK; i++)
+        m->ecount[m->rsel[i]]++;
+    const uint32_t N = m->dist ? m->dist->size : 1, me = m->dist ? m->dist->rank : 0;
+    uint32_t n = 0;
+    for (uint32_t x = 0; x < NE; x++)
+        if (m->ecount[x] && k3_dist_expert_rank(x, N) == me)
+            m->eids[n++] = x;
+    return n;
+}
+
+void k3_moe_guess(k3_model *m, uint32_t layer, const k3_view *v, const float *x, uint32_t T)
+{
+    if (!v[K3_W_MOE_ROUTER].data)   /* a router in row pieces would be read twice */
+        return;
+    k3_err e = {0};
+    if (route(m, v, x, T, &e) < 0)   /* cannot fail on a held matrix; a guess is only a hint */
+        return;
+    k3_ws_experts_guess(m->ws, layer, m->eids, chunk_experts(m, T));
+}
+
+int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e)
+{
+    const k3_dims *d = &m->d;
+    const uint32_t NE = d->NE, K = d->TOPK, LAT = d->LAT, I = d->I;
+
+    /* routing */
+    K3_TRY(route(m, v, m->xn, T, e));
+    K3_PAR_FOR((uint64_t)T * K > K3_PAR_MIN,
+    for (uint32_t t = 0; t < T; t++) {
+        const float *sc = m->rs + (uint64_t)t * NE;
+        const uint32_t *sel = m->rsel + (uint64_t)t * K;
         float *w = m->rw + (uint64_t)t * K;
-        k3_moe_route(sc, bias, NE, K, sel);
         float sum = 0.0f;
         for (uint32_t j = 0; j < K; j++) {
             w[j] = sc[sel[j]];
@@ -100,15 +144,7 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
 
     /* the experts this chunk needs: a streaming source starts reading them
      * now, while the latent down projection and the shared experts run */
-    memset(m->ecount, 0, NE * sizeof(uint32_t));
-    for (uint64_t i = 0; i < (uint64_t)T * K; i++)
-        m->ecount[m->rsel[i]]++;
-    /* over several ranks, this rank's experts only (k3_dist_expert_rank) */
-    const uint32_t N = m->dist ? m->dist->size : 1, me = m->dist ? m->dist->rank : 0;
-    uint32_t nused = 0;
-    for (uint32_t x = 0; x < NE; x++)
-        if (m->ecount[x] && k3_dist_expert_rank(x, N) == me)
-            m->eids[nused++] = x;
+    const uint32_t nused = chunk_experts(m, T);
     k3_ws_experts_prefetch(m->ws, layer, m->eids, nused);
 
     /* experts live in the latent */
@@ -125,28 +161,25 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     }
 
     int rc = 0;
-    for (uint32_t b0 = 0; b0 < nused && rc == 0; b0 += m->expert_batch) {
-        uint32_t nb = nused - b0 < m->expert_batch ? nused - b0 : m->expert_batch;
-        rc = k3_ws_experts_acquire(m->ws, layer, m->eids + b0, nb, m->eviews, e);
+    for (uint32_t i = 0; i < nused && rc == 0; i++) {
+        const uint32_t x = m->eids[i];
+        k3_expert_view ev;
+        rc = k3_ws_experts_acquire(m->ws, layer, &x, 1, &ev, e);
         if (rc < 0)
             break;
-        for (uint32_t bi = 0; bi < nb; bi++) {
-            const uint32_t x = m->eids[b0 + bi];
-            const k3_expert_view *ev = &m->eviews[bi];
-            uint32_t n = 0;
-            for (uint32_t t = 0; t < T; t++)
-                for (uint32_t j = 0; j < K; j++)
-                    if (m->rsel[(uint64_t)t * K + j] == x) {
-                        memcpy(m->mx + (uint64_t)n * LAT, m->mz + (uint64_t)t * LAT, LAT * sizeof(float));
-                        m->eslot[n++] = t * K + j;
-                    }
-            k3_gemm_mx(ev->packed[0], ev->scales[0], I, LAT, m->mx, n, m->m1);
-            k3_gemm_mx(ev->packed[1], ev->scales[1], I, LAT, m->mx, n, m->m3);
-            situ_rows(m->m1, m->m3, (uint64_t)n * I, d->b1, d->b2);
-            k3_gemm_mx(ev->packed[2], ev->scales[2], LAT, I, m->m1, n, m->my);
-            for (uint32_t k = 0; k < n; k++)
-                memcpy(m->mout + (uint64_t)m->eslot[k] * LAT, m->my + (uint64_t)k * LAT, LAT * sizeof(float));
-        }
+        uint32_t n = 0;
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t j = 0; j < K; j++)
+                if (m->rsel[(uint64_t)t * K + j] == x) {
+                    memcpy(m->mx + (uint64_t)n * LAT, m->mz + (uint64_t)t * LAT, LAT * sizeof(float));
+                    m->eslot[n++] = t * K + j;
+                }
+        k3_gemm_mx(ev.packed[0], ev.scales[0], I, LAT, m->mx, n, m->m1);
+        k3_gemm_mx(ev.packed[1], ev.scales[1], I, LAT, m->mx, n, m->m3);
+        situ_rows(m->m1, m->m3, (uint64_t)n * I, d->b1, d->b2);
+        k3_gemm_mx(ev.packed[2], ev.scales[2], LAT, I, m->m1, n, m->my);
+        for (uint32_t k = 0; k < n; k++)
+            memcpy(m->mout + (uint64_t)m->eslot[k] * LAT, m->my + (uint64_t)k * LAT, LAT * sizeof(float));
         k3_ws_experts_release(m->ws, layer);
     }
     if (m->dist)   /* every rank's expert outputs to every rank */

@@ -39,6 +39,7 @@ void k3_stream_opts_init(k3_stream_opts *o)
     o->nthreads = 1;
     o->io_threads = 4;
     o->trunk_crc = 1;
+    o->expert_guess = 1;
     o->piece_bytes = K3_STREAM_PIECE_DEFAULT;
 }
 
@@ -107,7 +108,7 @@ void k3_stream_model_mem(const k3_cfg *c, uint32_t max_chunk, uint32_t max_ctx, 
                          uint64_t *scratch, uint64_t *kv, uint64_t *state)
 {
     k3_model_mem mm;   /* the model's own sizes; expert views for a whole layer (the most a source asks) */
-    k3_model_mem_need(c, max_chunk, max_ctx, nthreads, 0, &mm);
+    k3_model_mem_need(c, max_chunk, max_ctx, nthreads, &mm);
     *scratch = mm.model + mm.scores;
     *kv = mm.kv;
     *state = mm.state;

@@ -2,8 +2,8 @@
  * stream_report.c - the run report of the streaming source (text and JSON):
  * per phase (prompt = up to the first token, decode = after it) the seconds
  * per token and the bytes read per token, the share of the wall time the
- * model waited for reads, the expert cache hit rate and the peak RSS against
- * the budget. Only arithmetic over k3_stream_run; owns nothing.
+ * model waited for reads, the expert cache hit rate, how the reads ahead on
+ * the model's guess went, and the peak RSS against the budget. Only arithmetic over k3_stream_run; owns nothing.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -12,6 +12,7 @@
 
 typedef struct phase {
     double tokens, s, trunk, experts, wait, req, hits;
+    double gq, gright, gdrop;   /* guesses queued, right, dropped unread */
 } phase;
 
 static void phases(const k3_stream_run *r, phase *pp, phase *dp)
@@ -24,6 +25,9 @@ static void phases(const k3_stream_run *r, phase *pp, phase *dp)
     pp->wait = a->trunk_wait_s + a->expert_wait_s;
     pp->req = (double)a->expert_requests;
     pp->hits = (double)a->expert_hits;
+    pp->gq = (double)a->guess_queued;
+    pp->gright = (double)a->guess_right;
+    pp->gdrop = (double)a->guess_dropped;
     dp->tokens = (double)(b->forwards - a->forwards);
     dp->s = r->decode_s;
     dp->trunk = (double)(b->trunk_stream_bytes + b->embed_bytes - a->trunk_stream_bytes - a->embed_bytes);
@@ -31,6 +35,9 @@ static void phases(const k3_stream_run *r, phase *pp, phase *dp)
     dp->wait = b->trunk_wait_s + b->expert_wait_s - pp->wait;
     dp->req = (double)(b->expert_requests - a->expert_requests);
     dp->hits = (double)(b->expert_hits - a->expert_hits);
+    dp->gq = (double)(b->guess_queued - a->guess_queued);
+    dp->gright = (double)(b->guess_right - a->guess_right);
+    dp->gdrop = (double)(b->guess_dropped - a->guess_dropped);
 }
 
 static double per(double x, double n) { return n > 0 ? x / n : 0.0; }
@@ -43,13 +50,17 @@ void k3_stream_report_print(const k3_stream_run *r, FILE *f, const char *pre)
     fprintf(f, "%sstream report (%s reads):\n", pre, r->direct ? "O_DIRECT" : "buffered");
     const phase *ph[2] = {&p, &d};
     const char *nm[2] = {"prompt", "decode"};
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
         fprintf(f,
                 "%s  %s %4.0f tokens  %9.4f s/token  read/token: trunk %10.3f MB, experts %10.3f MB  "
                 "I/O wait %5.1f%%  expert hits %5.1f%% (%.0f/%.0f)\n",
                 pre, nm[i], ph[i]->tokens, per(ph[i]->s, ph[i]->tokens), per(ph[i]->trunk, ph[i]->tokens) / MB,
                 per(ph[i]->experts, ph[i]->tokens) / MB, 100.0 * per(ph[i]->wait, ph[i]->s),
                 100.0 * per(ph[i]->hits, ph[i]->req), ph[i]->hits, ph[i]->req);
+        if (ph[i]->gq > 0)
+            fprintf(f, "%s  %s read ahead on a guess: %.0f records, %.0f right (%.1f%%), %.0f wrong dropped unread\n",
+                    pre, nm[i], ph[i]->gq, ph[i]->gright, 100.0 * per(ph[i]->gright, ph[i]->gq), ph[i]->gdrop);
+    }
     fprintf(f, "%s  pinned at start %.3f MB in %.3f s; ring groups dropped %llu\n", pre,
             (double)r->end.pinned_bytes / MB, r->end.load_s, (unsigned long long)r->end.ring_drops);
     fprintf(f, "%s  peak RSS %llu bytes (%.3f GiB) of a budget of %llu (%.3f GiB): %s\n", pre,
@@ -69,6 +80,9 @@ static cJSON *phase_json(const phase *p)
     cJSON_AddNumberToObject(o, "io_wait_share", per(p->wait, p->s));
     cJSON_AddNumberToObject(o, "expert_requests", p->req);
     cJSON_AddNumberToObject(o, "expert_hit_rate", per(p->hits, p->req));
+    cJSON_AddNumberToObject(o, "guess_queued", p->gq);
+    cJSON_AddNumberToObject(o, "guess_right", p->gright);
+    cJSON_AddNumberToObject(o, "guess_dropped", p->gdrop);
     return o;
 }
 

@@ -105,7 +105,7 @@ static void mem_close(k3_ws *ws)
 
 static const k3_ws_ops mem_ops = {
     "memory", mem_describe, mem_acquire, mem_release, mem_embed,
-    mem_batch_max, mem_experts_acquire, mem_experts_release, mem_close, NULL, NULL, NULL, NULL, NULL,
+    mem_batch_max, mem_experts_acquire, mem_experts_release, mem_close, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 
 static int is_norm_like(k3_wslot s)

@@ -242,7 +242,7 @@ static void pk_close(k3_ws *ws)
 
 static const k3_ws_ops pk_ops = {
     "packed", pk_describe, pk_acquire, pk_release, pk_embed,
-    pk_batch_max, pk_experts_acquire, pk_experts_release, pk_close, NULL, NULL, NULL, NULL, NULL,
+    pk_batch_max, pk_experts_acquire, pk_experts_release, pk_close, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 
 int k3_ws_pk_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)

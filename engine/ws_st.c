@@ -247,7 +247,7 @@ static void st_close(k3_ws *ws)
 
 static const k3_ws_ops st_ops = {
     "safetensors", st_describe, st_acquire, st_release, st_embed,
-    st_batch_max, st_experts_acquire, st_experts_release, st_close, NULL, NULL, NULL, NULL, NULL,
+    st_batch_max, st_experts_acquire, st_experts_release, st_close, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 
 int k3_ws_st_open(k3_ws **out, const char *dir, unsigned flags, k3_err *e)

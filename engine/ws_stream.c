@@ -21,7 +21,10 @@
  * Expert invariants (x_mu): a slot is EMPTY, LOADING (one I/O thread writes
  * it) or READY; xmap maps (layer, expert) to the slot holding or loading it;
  * a slot with ref > 0 or LOADING is never evicted; refs are held from
- * prefetch/acquire to release. Every record is CRC32-checked by
+ * prefetch/acquire to release. A LOADING slot is queued on demand (jobs),
+ * queued on a guess (gjobs) or being read; only one queued on a guess and
+ * not named by its layer's routing is dropped unread (back to EMPTY).
+ * Every record is CRC32-checked by
  * k3_pk_read_record before its slot becomes READY. Any read error is sticky:
  * every later call fails with the first error.
  */
@@ -105,6 +108,8 @@ static void st_close(k3_ws *ws)
     free(w->xs);
     free(w->xmap);
     free(w->jobs);
+    free(w->gjobs);
+    free(w->okey);
     free(w->held);
     free(w->pf);
     free(w->miss);
@@ -120,6 +125,14 @@ static const k3_ws_ops stream_ops = {
     "stream", k3_wss_st_describe, k3_wss_st_acquire, k3_wss_st_release, k3_wss_st_embed,
     k3_wss_st_batch_max, k3_wss_st_experts_acquire, k3_wss_st_experts_release, st_close, k3_wss_st_experts_prefetch,
     k3_wss_st_rows_acquire, k3_wss_st_rows_release, k3_wss_st_status, k3_wss_st_dist_check,
+    k3_wss_st_experts_guess,
+};
+
+/* Started with expert_guess 0: no experts_guess, so the model routes no guess. */
+static const k3_ws_ops stream_ops_no_guess = {
+    "stream", k3_wss_st_describe, k3_wss_st_acquire, k3_wss_st_release, k3_wss_st_embed,
+    k3_wss_st_batch_max, k3_wss_st_experts_acquire, k3_wss_st_experts_release, st_close, k3_wss_st_experts_prefetch,
+    k3_wss_st_rows_acquire, k3_wss_st_rows_release, k3_wss_st_status, k3_wss_st_dist_check, NULL,
 };
 
 static void name_of(char *out, size_t cap, uint32_t g, uint32_t nl, k3_wslot s)
@@ -501,6 +514,8 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
     if (plan)
         *plan = w->plan;
     w->trunk_crc = o->trunk_crc;
+    if (!o->expert_guess)
+        w->base.ops = &stream_ops_no_guess;
     const k3_cfg *c = &ws->cfg;
     const k3_stream_plan *p = &w->plan;
     /* counters and tables first (small), then the arenas */
@@ -558,10 +573,12 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
         w->xs = calloc(w->nslots, sizeof *w->xs);
         w->xmap = calloc((uint64_t)c->num_hidden_layers * c->num_experts, sizeof *w->xmap);
         w->jobs = calloc(w->nslots, sizeof *w->jobs);
+        w->gjobs = calloc(w->nslots, sizeof *w->gjobs);
         w->held = calloc(w->nslots, sizeof *w->held);
         w->pf = calloc(w->nslots, sizeof *w->pf);
         w->miss = calloc(w->nslots, sizeof *w->miss);
-        if (!w->xs || !w->xmap || !w->jobs || !w->held || !w->pf || !w->miss)
+        w->okey = calloc(c->num_experts, sizeof *w->okey);
+        if (!w->xs || !w->xmap || !w->jobs || !w->gjobs || !w->held || !w->pf || !w->miss || !w->okey)
             return k3_err_set(e, K3_ENOMEM, "out of memory");
     }
     if (o->trace_path) {

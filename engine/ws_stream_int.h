@@ -30,6 +30,7 @@
 
 enum { R_READING = 1, R_READY, R_INUSE, R_ERROR };
 enum { X_EMPTY = 0, X_LOADING, X_READY, X_ERROR };
+enum { Q_NONE = 0, Q_DEMAND, Q_GUESS };   /* the queue a LOADING slot waits in (none: being read) */
 
 #define MAX_LAZY 16
 
@@ -110,7 +111,10 @@ typedef struct xslot {
     uint32_t layer, expert;
     int32_t ref;
     int state;
+    uint8_t queued;            /* Q_*: while LOADING, queued or in flight */
+    uint8_t guess;             /* read on a guess the layer's routing has not seen yet */
     uint64_t tick;
+    uint64_t qseq;             /* when it was queued on demand (the ready order) */
     int rc;
     k3_err err;
 } xslot;
@@ -161,7 +165,10 @@ typedef struct ws_stream {
     uint32_t nslots;
     int cyclic;                /* replacement by layer distance (find_victim) */
     uint32_t *xmap;            /* NL x NE -> slot + 1 */
-    uint32_t *jobs, jh, jn;
+    uint32_t *jobs, jh, jn;    /* records the model will wait for, in read order */
+    uint32_t *gjobs, gh, gn;   /* records guessed: read when nothing else is to be read */
+    uint64_t jseq;
+    uint64_t *okey;            /* num_experts: experts_prefetch's ready order */
     uint32_t *held, nheld;     /* refs of the current batch */
     uint32_t *pf, npf;         /* refs taken by experts_prefetch, not yet claimed */
     uint32_t *miss, nmiss;
@@ -227,7 +234,8 @@ int k3_wss_st_dist_check(k3_ws *ws, uint32_t g, int code, k3_err *e);
 int k3_wss_st_describe(k3_ws *ws, uint32_t g, k3_wslot s, k3_view *out, k3_err *e);
 int k3_wss_st_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_err *e);
 void *k3_wss_io_main(void *arg);
-void k3_wss_st_experts_prefetch(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n);
+void k3_wss_st_experts_prefetch(k3_ws *ws, uint32_t layer, uint32_t *ids, uint32_t n);
+void k3_wss_st_experts_guess(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n);
 uint32_t k3_wss_st_batch_max(k3_ws *ws);
 int k3_wss_st_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n, k3_expert_view *out,
                               k3_err *e);

@@ -6,12 +6,15 @@
 
 /* ------------------------------------------------------------ experts */
 
+/* The I/O threads. Order of work: expert records the model will wait for,
+ * then the trunk group the reader is loading, then records read on a guess
+ * (so a guess only uses time the device would otherwise be idle). */
 void *k3_wss_io_main(void *arg)
 {
     ws_stream *w = arg;
     pthread_mutex_lock(&w->x_mu);
     while (!w->io_stop) {
-        if (w->jn == 0 && w->tc_next < w->tc_n) {   /* expert records first: the model waits for them */
+        if (w->jn == 0 && w->tc_next < w->tc_n) {
             tchunk *c = &w->tc[w->tc_next++];
             int want_crc = c->rc;
             pthread_mutex_unlock(&w->x_mu);
@@ -25,14 +28,21 @@ void *k3_wss_io_main(void *arg)
                 pthread_cond_broadcast(&w->tc_cv);
             continue;
         }
-        if (w->jn == 0) {
+        uint32_t s;
+        if (w->jn) {
+            s = w->jobs[w->jh];
+            w->jh = (w->jh + 1) % w->nslots;
+            w->jn--;
+        } else if (w->gn) {
+            s = w->gjobs[w->gh];
+            w->gh = (w->gh + 1) % w->nslots;
+            w->gn--;
+        } else {
             pthread_cond_wait(&w->io_cv, &w->x_mu);
             continue;
         }
-        uint32_t s = w->jobs[w->jh];
-        w->jh = (w->jh + 1) % w->nslots;
-        w->jn--;
         xslot *x = &w->xs[s];
+        x->queued = Q_NONE;
         uint32_t layer = x->layer, expert = x->expert;
         pthread_mutex_unlock(&w->x_mu);
         k3_err err = {0};
@@ -104,6 +114,9 @@ static void flush_misses(ws_stream *w)
             w->miss[j - 1] = t;
         }
     for (uint32_t i = 0; i < w->nmiss; i++) {
+        xslot *x = &w->xs[w->miss[i]];
+        x->queued = Q_DEMAND;
+        x->qseq = ++w->jseq;
         w->jobs[(w->jh + w->jn) % w->nslots] = w->miss[i];
         w->jn++;
     }
@@ -119,14 +132,20 @@ static int take(ws_stream *w, uint32_t layer, uint32_t expert, int count)
     uint64_t key = (uint64_t)layer * w->base.cfg.num_experts + expert;
     int s = (int)w->xmap[key] - 1;
     if (s >= 0) {
-        w->xs[s].ref++;
-        w->xs[s].tick = ++w->tick;
+        xslot *x = &w->xs[s];
+        x->ref++;
+        x->tick = ++w->tick;
+        /* a record read ahead on this layer's guess is a miss the guess
+         * caught: the hit rate stays that of the cache alone */
+        int hit = !x->guess;
         if (count) {
+            w->st.guess_right += (uint64_t)x->guess;
+            x->guess = 0;
             w->st.expert_requests++;
-            w->st.expert_hits++;
+            w->st.expert_hits += (uint64_t)hit;
         }
         if (w->trace && count)
-            fprintf(w->trace, "%llu %u %u H\n", (unsigned long long)w->st.forwards, layer, expert);
+            fprintf(w->trace, "%llu %u %u %c\n", (unsigned long long)w->st.forwards, layer, expert, hit ? 'H' : 'M');
         return s;
     }
     s = find_victim(w, layer);
@@ -138,6 +157,7 @@ static int take(ws_stream *w, uint32_t layer, uint32_t expert, int count)
     x->layer = layer;
     x->expert = expert;
     x->state = X_LOADING;
+    x->guess = 0;
     x->ref = 1;
     x->tick = ++w->tick;
     w->xmap[key] = (uint32_t)s + 1;
@@ -149,31 +169,138 @@ static int take(ws_stream *w, uint32_t layer, uint32_t expert, int count)
     return s;
 }
 
-void k3_wss_st_experts_prefetch(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n)
+static int has_id(const uint32_t *ids, uint32_t n, uint32_t x)   /* ids ascending */
+{
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (ids[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && ids[lo] == x;
+}
+
+/* Before the refs in pf are dropped: the guesses the routing of `layer`
+ * (ids) does not name are no longer guesses - dropped unread if still
+ * queued, kept as cached records otherwise; the queued ones it names stay
+ * in gjobs. */
+static void settle_guesses(ws_stream *w, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < w->gn; i++) {
+        uint32_t s = w->gjobs[(w->gh + i) % w->nslots];
+        xslot *x = &w->xs[s];
+        if (x->layer == layer && has_id(ids, n, x->expert)) {
+            w->gjobs[(w->gh + kept++) % w->nslots] = s;
+            continue;
+        }
+        w->xmap[(uint64_t)x->layer * w->base.cfg.num_experts + x->expert] = 0;
+        x->state = X_EMPTY;
+        x->queued = Q_NONE;
+        x->guess = 0;
+        w->st.guess_dropped++;
+    }
+    w->gn = kept;
+    for (uint32_t i = 0; i < w->npf; i++) {
+        xslot *x = &w->xs[w->pf[i]];
+        if (x->guess && !(x->layer == layer && has_id(ids, n, x->expert)))
+            x->guess = 0;
+    }
+}
+
+static void drop_pf(ws_stream *w)
+{
+    for (uint32_t i = 0; i < w->npf; i++)
+        w->xs[w->pf[i]].ref--;
+    w->npf = 0;
+}
+
+/* Take refs in pf on the first min(n, nslots) of ids, hits first so that a
+ * miss never evicts a record the same call wants; misses go to w->miss. */
+static void take_all(ws_stream *w, uint32_t layer, const uint32_t *ids, uint32_t n, int count)
+{
+    const uint32_t m = n < w->nslots ? n : w->nslots;
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t i = 0; i < m; i++) {
+            if (ids[i] >= w->base.cfg.num_experts)
+                continue;
+            int present = w->xmap[(uint64_t)layer * w->base.cfg.num_experts + ids[i]] != 0;
+            if (present != (pass == 0))
+                continue;
+            int s = take(w, layer, ids[i], count);
+            if (s < 0)
+                return;
+            w->pf[w->npf++] = (uint32_t)s;
+        }
+}
+
+void k3_wss_st_experts_guess(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n)
 {
     ws_stream *w = (ws_stream *)ws;
     if (!w->started || !w->lay || layer >= ws->cfg.num_hidden_layers)
         return;
     pthread_mutex_lock(&w->x_mu);
     if (!w->xfailed) {
-        for (uint32_t i = 0; i < w->npf; i++)
-            w->xs[w->pf[i]].ref--;
-        w->npf = 0;
-        /* hits first, so that a miss never evicts a record this batch wants */
-        const uint32_t m = n < w->nslots ? n : w->nslots;
-        for (int pass = 0; pass < 2; pass++)
-            for (uint32_t i = 0; i < m; i++) {
-                if (ids[i] >= ws->cfg.num_experts)
-                    continue;
-                int present = w->xmap[(uint64_t)layer * ws->cfg.num_experts + ids[i]] != 0;
-                if (present != (pass == 0))
-                    continue;
-                int s = take(w, layer, ids[i], 1);
-                if (s < 0)
-                    break;
-                w->pf[w->npf++] = (uint32_t)s;
-            }
+        settle_guesses(w, UINT32_MAX, NULL, 0);   /* a guess no routing came for */
+        drop_pf(w);
+        take_all(w, layer, ids, n, 0);
+        for (uint32_t i = 0; i < w->nmiss; i++) {
+            xslot *x = &w->xs[w->miss[i]];
+            x->guess = 1;
+            x->queued = Q_GUESS;
+            w->gjobs[(w->gh + w->gn) % w->nslots] = w->miss[i];
+            w->gn++;
+        }
+        w->st.guess_queued += w->nmiss;
+        if (w->nmiss)
+            pthread_cond_broadcast(&w->io_cv);
+        w->nmiss = 0;
+    }
+    pthread_mutex_unlock(&w->x_mu);
+}
+
+/* ids into the order their records will be ready: held, being read, then
+ * queued in read order; those beyond the cache last, as they were. */
+static void ready_order(ws_stream *w, uint32_t layer, uint32_t *ids, uint32_t n)
+{
+    uint64_t *key = w->okey;
+    for (uint32_t i = 0; i < n; i++) {
+        int s = ids[i] < w->base.cfg.num_experts ? (int)w->xmap[(uint64_t)layer * w->base.cfg.num_experts + ids[i]] - 1 : -1;
+        const xslot *x = s >= 0 ? &w->xs[s] : NULL;
+        key[i] = !x || x->ref == 0 ? UINT64_MAX
+                 : x->state != X_LOADING ? 0
+                 : x->queued == Q_NONE ? 1
+                 : 2 + x->qseq;
+    }
+    for (uint32_t i = 1; i < n; i++)   /* stable */
+        for (uint32_t j = i; j > 0 && key[j - 1] > key[j]; j--) {
+            uint64_t k = key[j];
+            key[j] = key[j - 1];
+            key[j - 1] = k;
+            uint32_t t = ids[j];
+            ids[j] = ids[j - 1];
+            ids[j - 1] = t;
+        }
+}
+
+void k3_wss_st_experts_prefetch(k3_ws *ws, uint32_t layer, uint32_t *ids, uint32_t n)
+{
+    ws_stream *w = (ws_stream *)ws;
+    if (!w->started || !w->lay || layer >= ws->cfg.num_hidden_layers)
+        return;
+    pthread_mutex_lock(&w->x_mu);
+    if (!w->xfailed) {
+        settle_guesses(w, layer, ids, n);
+        drop_pf(w);
+        take_all(w, layer, ids, n, 1);
+        /* the right guesses not read yet: now the model waits for them */
+        for (uint32_t i = 0; i < w->gn; i++)
+            w->miss[w->nmiss++] = w->gjobs[(w->gh + i) % w->nslots];
+        w->gn = 0;
         flush_misses(w);
+        ready_order(w, layer, ids, n);
     }
     pthread_mutex_unlock(&w->x_mu);
 }

@@ -81,6 +81,7 @@ typedef struct k3_engine_opts {
     uint64_t piece_bytes;      /* streamed matrices in row pieces of at most this
                                 * (K3_STREAM_PIECE_DEFAULT; 0: whole layers) */
     int trunk_crc;             /* CRC-check streamed trunk units (default 1) */
+    int expert_guess;          /* streamed: read experts ahead on a guess (default 1) */
     const char *trace_path;    /* streamed: write every expert request here */
     const char *tok_dir;       /* tokenizer directory (NULL: the model's own,
                                 * checked against its manifest's SHA-256) */

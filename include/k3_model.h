@@ -37,9 +37,8 @@ int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *
 void k3_model_close(k3_model *m);   /* accepts NULL */
 
 /* The bytes k3_model_open and k3_sess_create allocate, from the config alone:
- * model = the model and its scratch for chunks of max_chunk (0: 64) tokens
- * with expert_batch expert views (0: num_experts, the most any source asks
- * for); per session: kv (the MLA latent cache of max_ctx positions), state
+ * model = the model and its scratch for chunks of max_chunk (0: 64) tokens;
+ * per session: kv (the MLA latent cache of max_ctx positions), state
  * (KDA state, conv history, the session itself) and scores (attention
  * scores, nthreads x max_ctx). Vectors are counted at the config's sizes (an
  * A_log padded to D values takes D - H floats more). The memory planner's
@@ -49,7 +48,7 @@ typedef struct k3_model_mem {
     uint64_t model, kv, state, scores;
 } k3_model_mem;
 void k3_model_mem_need(const k3_cfg *c, uint32_t max_chunk, uint32_t max_ctx, uint32_t nthreads,
-                       uint32_t expert_batch, k3_model_mem *out);
+                       k3_model_mem *out);
 
 const k3_cfg *k3_model_cfg(const k3_model *m);
 uint32_t k3_model_max_chunk(const k3_model *m);

@@ -64,6 +64,8 @@ typedef struct k3_stream_opts {
                                * K3_STREAM_PIECE_DEFAULT */
     int no_pin;               /* pin no trunk group, whatever the budget (a rank's
                                * slice: its groups have holes only pieces skip) */
+    int expert_guess;         /* read experts ahead on the model's guess
+                               * (k3_ws_experts_guess; 1 by default) */
 } k3_stream_opts;
 
 /* The default row piece (k3-run --ram-piece, k3-pack). 16 MiB: every matrix
@@ -158,6 +160,9 @@ typedef struct k3_stream_stats {
     uint64_t embed_bytes;
     uint64_t expert_bytes;          /* records read */
     uint64_t expert_requests, expert_hits;
+    /* read ahead on a guess (k3_ws_experts_guess): records queued, of them
+     * those the routing then asked for, and wrong ones dropped unread */
+    uint64_t guess_queued, guess_right, guess_dropped;
     uint64_t ring_drops;            /* prefetched groups the model did not ask for */
     double trunk_wait_s, expert_wait_s;   /* time the model spent waiting for reads */
     double load_s;                  /* pinned set read at start */

@@ -8,7 +8,8 @@
  *     k3_wslot (absent slots have data == NULL), valid until k3_ws_release(L);
  *   - per MoE layer, after routing: k3_ws_experts_acquire(L, ids, n) gives one
  *     k3_expert_view per requested expert (n <= k3_ws_expert_batch_max), valid
- *     until k3_ws_experts_release(L); the model asks in batches;
+ *     until k3_ws_experts_release(L); the model asks in batches (one expert
+ *     at a time, in the order experts_prefetch leaves the ids in);
  *   - the model output (final norm, output attention residual, head) is the
  *     group K3_WS_HEAD(cfg) = num_hidden_layers.
  * At most one trunk group and one expert batch are held at a time. A source
@@ -84,8 +85,10 @@ typedef struct k3_ws_ops {
     void (*close)(k3_ws *ws);
     /* Optional (NULL: nothing to do): a hint given right after routing, before
      * the first experts_acquire of the layer, with every expert id the layer
-     * will ask for (ascending); a streaming source starts reading them. */
-    void (*experts_prefetch)(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n);
+     * will ask for (ascending); a streaming source starts reading them, and
+     * may reorder ids into the order it will have them ready (those it holds
+     * first), the order the model then asks for them in. */
+    void (*experts_prefetch)(k3_ws *ws, uint32_t layer, uint32_t *ids, uint32_t n);
     /* Optional, for streamed matrices (k3_view.src): the rows from row on of
      * slot s of group g (held group), *n of them (>= 1, the source's piece),
      * valid until rows_release; then the next rows. A failure is sticky:
@@ -100,6 +103,13 @@ typedef struct k3_ws_ops {
      * units their pieces share; without it the model just agrees on code.
      * Every rank calls it for the same groups in the same order. */
     int (*dist_check)(k3_ws *ws, uint32_t g, int code, k3_err *e);
+    /* Optional: a guess, made before layer `layer`'s attention, of the
+     * experts its routing will pick (ids ascending). A streaming source reads
+     * them while its device has nothing else to do; the layer's
+     * experts_prefetch then keeps the guesses it names and drops the others,
+     * unread if their read has not started. A wrong guess costs reads, never
+     * a number. */
+    void (*experts_guess)(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n);
 } k3_ws_ops;
 
 struct k3_ws {
@@ -170,10 +180,15 @@ static inline int k3_ws_dist_check(k3_ws *ws, uint32_t g, int code, k3_err *e)
     return ws->ops->dist_check(ws, g, code, e);
 }
 static inline int k3_ws_has_dist_check(const k3_ws *ws) { return ws->ops->dist_check != NULL; }
-static inline void k3_ws_experts_prefetch(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n)
+static inline void k3_ws_experts_prefetch(k3_ws *ws, uint32_t layer, uint32_t *ids, uint32_t n)
 {
     if (ws->ops->experts_prefetch)
         ws->ops->experts_prefetch(ws, layer, ids, n);
+}
+static inline int k3_ws_has_experts_guess(const k3_ws *ws) { return ws->ops->experts_guess != NULL; }
+static inline void k3_ws_experts_guess(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n)
+{
+    ws->ops->experts_guess(ws, layer, ids, n);
 }
 
 #endif

@@ -86,6 +86,8 @@ static void usage(FILE *f)
             "                         layers only)\n"
             "  --no-trunk-crc         with --ram: do not CRC-check streamed trunk units (expert\n"
             "                         records and pinned units are always checked)\n"
+            "  --no-expert-guess      with --ram: read a layer's experts only once it has\n"
+            "                         routed (no reading ahead on the router's guess)\n"
             "output:\n"
             "  --json                 one JSON object: prompt_ids, generated_ids, text, timings\n"
             "  --quiet                no prompt progress on stderr\n"
@@ -280,7 +282,7 @@ int main(int argc, char **argv)
     int force = 0;
     const char *ram_arg = NULL, *trace_path = NULL;
     uint64_t ram = 0;
-    int plan_only = 0, probe = 0, trunk_crc = 1, version = 0;
+    int plan_only = 0, probe = 0, trunk_crc = 1, expert_guess = 1, version = 0;
     uint64_t piece = K3_STREAM_PIECE_DEFAULT;
     k3_io_fault_reset();
 
@@ -369,6 +371,8 @@ int main(int argc, char **argv)
                 return dief(K3_EARG, "--ram-piece: '%s' is not a size (bytes, K/M/G) or 0", v);
         } else if (!strcmp(a, "--no-trunk-crc")) {
             trunk_crc = 0;
+        } else if (!strcmp(a, "--no-expert-guess")) {
+            expert_guess = 0;
         } else if (!strcmp(a, "--plan")) {
             plan_only = 1;
         } else if (!strcmp(a, "--probe")) {
@@ -530,6 +534,7 @@ int main(int argc, char **argv)
     eo.chunk_auto = !chunk_given;
     eo.piece_bytes = piece;
     eo.trunk_crc = trunk_crc;
+    eo.expert_guess = expert_guess;
     eo.trace_path = trace_path;
     eo.tok_dir = tok_dir;
     rc = k3_engine_open(&en, model_dir, &eo, &e);

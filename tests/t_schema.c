@@ -183,10 +183,10 @@ K3_TEST(schema_planner_model_sizes_are_what_open_and_create_allocate)
                 const uint64_t got_sess = k3t_alloc_bytes();
                 CHECK_EQ_INT(rc, 0);
                 k3_model_mem need;
-                k3_model_mem_need(&c, chunks[ci], ctxs[xi], nt, k3_ws_expert_batch_max(ws), &need);
+                k3_model_mem_need(&c, chunks[ci], ctxs[xi], nt, &need);
                 CHECK_EQ_U64(got_model, need.model);
                 CHECK_EQ_U64(got_sess, need.kv + need.state + need.scores);
-                /* the planner: the same, with a whole layer's expert views (this source's batch) */
+                /* the planner: the same */
                 uint64_t scratch, kv, state;
                 k3_stream_model_mem(&c, chunks[ci], ctxs[xi], nt, &scratch, &kv, &state);
                 CHECK_EQ_U64(scratch, need.model + need.scores);
