@@ -6,16 +6,20 @@
 #   I/O bound     = bytes the run read per decode token, trunk and experts
 #                   each divided by the O_DIRECT read bandwidth of the same
 #                   files read the same way (bench-bench_stream: parallel
-#                   preads into huge pages);
+#                   preads into huge pages), the mean of a probe right
+#                   before and one right after the run (the device drifts);
 #   compute bound = decode s/token minus the time the model waited for reads
 #                   (what the same run would take with free I/O).
+# And, from the run itself, the share of the decode with no read in flight:
+# a device kept busy is at the I/O bound of that minute, whatever its speed.
 # Also prints the memory plan of the real K3 shape (93 layers, 896 experts)
 # from its config alone (bench-bench_stream --plan).
 #
 #   sh bench/bench_stream.sh [WORKDIR]      (default /tmp/stream-bench)
 #
 # Environment: BIN (default bin), BUDGETS (default "floor 4G 16G"), GEN
-# (generated tokens, default 4), SPARSE chooses the checkpoint:
+# (generated tokens, default 4), RUNARGS (more k3-run options, e.g.
+# --no-expert-guess), SPARSE chooses the checkpoint:
 #   SPARSE=0        synthesised dense (random weights; needs ~80 GB free:
 #                   source + packed);
 #   SPARSE=densify  synthesised sparse (all-zero weights but the small
@@ -62,23 +66,29 @@ fi
 du -sh --apparent-size "$W/pk" | sed 's/^/bench_stream: packed model (logical) /'
 du -sh "$W/pk" | sed 's/^/bench_stream: packed model (on disk)  /'
 
-probe=$("$BIN/bench-bench_stream" "$W/pk" --mb 2048 --json)
-echo "bench_stream: O_DIRECT probe $probe"
 for b in $BUDGETS; do
+    # the device's speed drifts from minute to minute: probe right before
+    # and right after each run, and bound the run with the mean of the two
+    probe=$("$BIN/bench-bench_stream" "$W/pk" --mb 2048 --json)
+    echo "[$b] O_DIRECT probe before $probe"
     echo "[$b] before:$(uptime | sed 's/.*load/ load/')"
     tr=""
     [ "${TRACE:-0}" = 1 ] && tr="--trace $W/trace-$b.txt"
-    "$BIN/k3-run" "$W/pk" --ids $IDS --gen "$GEN" --threads 2 --ram "$b" $tr --json >"$W/run-$b.json" 2>"$W/run-$b.err" ||
+    "$BIN/k3-run" "$W/pk" --ids $IDS --gen "$GEN" --threads 2 --ram "$b" $tr ${RUNARGS:-} --json >"$W/run-$b.json" 2>"$W/run-$b.err" ||
         { echo "bench_stream: k3-run --ram $b failed:"; tail -3 "$W/run-$b.err"; continue; }
     echo "[$b] after:$(uptime | sed 's/.*load/ load/')"
+    probe2=$("$BIN/bench-bench_stream" "$W/pk" --mb 2048 --json)
+    echo "[$b] O_DIRECT probe after $probe2"
     grep 'k3-run:' "$W/run-$b.err" | sed "s/^/[$b] /"
-    /usr/bin/python3 - "$W/run-$b.json" "$probe" "$b" <<'EOF'
+    /usr/bin/python3 - "$W/run-$b.json" "$probe" "$b" "$probe2" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))["stream"]
-p = json.loads(sys.argv[2])
+p, p2 = json.loads(sys.argv[2]), json.loads(sys.argv[4])
 d = r["decode"]
 s = d["s_per_token"]
-io = d["trunk_bytes_per_token"] / (p["trunk_gbps"] * 1e9) + d["expert_bytes_per_token"] / (p["experts_gbps"] * 1e9)
+trunk_gbps = (p["trunk_gbps"] + p2["trunk_gbps"]) / 2
+experts_gbps = (p["experts_gbps"] + p2["experts_gbps"]) / 2
+io = d["trunk_bytes_per_token"] / (trunk_gbps * 1e9) + d["expert_bytes_per_token"] / (experts_gbps * 1e9)
 bw = (d["trunk_bytes_per_token"] + d["expert_bytes_per_token"]) / io if io > 0 else 0
 comp = s * (1.0 - d["io_wait_share"])
 lim = max(io, comp)
@@ -87,6 +97,12 @@ print("[%s] decode %.3f s/token | I/O bound %.3f s (%.2f GB/token at %.2f GB/s) 
       % (sys.argv[3], s, io, (d["trunk_bytes_per_token"] + d["expert_bytes_per_token"]) / 1e9, bw / 1e9,
          comp, s / lim if lim > 0 else 0, 100 * d["expert_hit_rate"], r["peak_rss"] / 2**30,
          r["plan"]["budget"] / 2**30))
+# measured in the run itself, whatever the device's speed: the share of the
+# decode with no read in flight (the device idle for us) and the mean depth
+idle = d.get("io_idle_share", 0.0)
+print("[%s] device: no read in flight %.1f%% of decode, %.2f reads in flight while busy, "
+      "probes %.2f / %.2f GB/s trunk before / after" % (sys.argv[3], 100 * idle, d.get("io_depth", 0.0),
+                                                      p["trunk_gbps"], p2["trunk_gbps"]))
 EOF
     if [ -n "$tr" ]; then
         "$BIN/bench-bench_stream" --replay "$W/trace-$b.txt" 16 32 64 128 256 512 1024 | sed "s/^/[$b] /"

@@ -30,6 +30,7 @@ static struct {
     char substr[256];
     uint64_t offset;
     long remaining; /* -1: unlimited */
+    long skip;      /* matching reads still to leave alone */
 } fault;
 
 void k3_io_fault_reset(void)
@@ -42,8 +43,8 @@ void k3_io_fault_reset(void)
     char kind[16];
     char sub[256];
     unsigned long long off = 0;
-    long count = -1;
-    /* KIND:SUBSTR:OFFSET[:COUNT]; SUBSTR may not contain ':' */
+    long count = -1, skip = 0;
+    /* KIND:SUBSTR:OFFSET[:COUNT[:SKIP]]; SUBSTR may not contain ':' */
     const char *c1 = strchr(v, ':');
     if (!c1 || (size_t)(c1 - v) >= sizeof kind)
         return;
@@ -63,6 +64,11 @@ void k3_io_fault_reset(void)
         count = strtol(end + 1, &end, 10);
         if (count < 0)
             return;
+        if (*end == ':') {
+            skip = strtol(end + 1, &end, 10);
+            if (skip < 0)
+                return;
+        }
     }
     if (*end)
         return;
@@ -77,6 +83,7 @@ void k3_io_fault_reset(void)
     snprintf(fault.substr, sizeof fault.substr, "%s", sub);
     fault.offset = off;
     fault.remaining = count;
+    fault.skip = skip;
 }
 
 /* Returns the fault to apply to a read of [off, off+n) of path, consuming one
@@ -89,6 +96,10 @@ static int fault_for(const char *path, uint64_t n, uint64_t off)
         return FAULT_NONE;
     if (!strstr(path, fault.substr) || fault.offset < off || fault.offset >= off + n)
         return FAULT_NONE;
+    if (fault.skip > 0) {
+        fault.skip--;
+        return FAULT_NONE;
+    }
     if (fault.remaining > 0)
         fault.remaining--;
     return fault.kind;

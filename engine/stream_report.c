@@ -13,6 +13,7 @@
 typedef struct phase {
     double tokens, s, trunk, experts, wait, req, hits;
     double gq, gright, gdrop;   /* guesses queued, right, dropped unread */
+    double idle, depth;         /* device idle seconds, reads in flight x seconds */
 } phase;
 
 static void phases(const k3_stream_run *r, phase *pp, phase *dp)
@@ -28,6 +29,8 @@ static void phases(const k3_stream_run *r, phase *pp, phase *dp)
     pp->gq = (double)a->guess_queued;
     pp->gright = (double)a->guess_right;
     pp->gdrop = (double)a->guess_dropped;
+    pp->idle = a->io_idle_s;
+    pp->depth = a->io_depth_s;
     dp->tokens = (double)(b->forwards - a->forwards);
     dp->s = r->decode_s;
     dp->trunk = (double)(b->trunk_stream_bytes + b->embed_bytes - a->trunk_stream_bytes - a->embed_bytes);
@@ -38,6 +41,8 @@ static void phases(const k3_stream_run *r, phase *pp, phase *dp)
     dp->gq = (double)(b->guess_queued - a->guess_queued);
     dp->gright = (double)(b->guess_right - a->guess_right);
     dp->gdrop = (double)(b->guess_dropped - a->guess_dropped);
+    dp->idle = b->io_idle_s - a->io_idle_s;
+    dp->depth = b->io_depth_s - a->io_depth_s;
 }
 
 static double per(double x, double n) { return n > 0 ? x / n : 0.0; }
@@ -61,6 +66,10 @@ void k3_stream_report_print(const k3_stream_run *r, FILE *f, const char *pre)
             fprintf(f, "%s  %s read ahead on a guess: %.0f records, %.0f right (%.1f%%), %.0f wrong dropped unread\n",
                     pre, nm[i], ph[i]->gq, ph[i]->gright, 100.0 * per(ph[i]->gright, ph[i]->gq), ph[i]->gdrop);
     }
+    /* decode only: the prompt's counters start with the source, load included */
+    if (d.tokens > 0 && d.s > 0)
+        fprintf(f, "%s  decode device: no read in flight %.1f%% of the time; %.2f reads in flight while busy\n", pre,
+                100.0 * per(d.idle, d.s), per(d.depth, d.s - d.idle));
     fprintf(f, "%s  pinned at start %.3f MB in %.3f s; ring groups dropped %llu\n", pre,
             (double)r->end.pinned_bytes / MB, r->end.load_s, (unsigned long long)r->end.ring_drops);
     fprintf(f, "%s  peak RSS %llu bytes (%.3f GiB) of a budget of %llu (%.3f GiB): %s\n", pre,
@@ -84,6 +93,15 @@ static cJSON *phase_json(const phase *p)
     cJSON_AddNumberToObject(o, "guess_right", p->gright);
     cJSON_AddNumberToObject(o, "guess_dropped", p->gdrop);
     return o;
+}
+
+/* The decode phase's device side (see k3_stream_report_print). */
+static void device_json(cJSON *o, const phase *d)
+{
+    if (!o || d->s <= 0)
+        return;
+    cJSON_AddNumberToObject(o, "io_idle_share", per(d->idle, d->s));
+    cJSON_AddNumberToObject(o, "io_depth", per(d->depth, d->s - d->idle));
 }
 
 static cJSON *report_obj(const k3_stream_run *r)
@@ -116,7 +134,9 @@ static cJSON *report_obj(const k3_stream_run *r)
     cJSON_AddNumberToObject(pl, "runtime", (double)q->runtime);
     cJSON_AddItemToObject(o, "plan", pl);
     cJSON_AddItemToObject(o, "prompt", phase_json(&p));
-    cJSON_AddItemToObject(o, "decode", phase_json(&d));
+    cJSON *dj = phase_json(&d);
+    device_json(dj, &d);
+    cJSON_AddItemToObject(o, "decode", dj);
     cJSON_AddBoolToObject(o, "direct", r->direct);
     cJSON_AddNumberToObject(o, "pinned_bytes_read", (double)r->end.pinned_bytes);
     cJSON_AddNumberToObject(o, "load_s", r->end.load_s);

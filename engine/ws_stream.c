@@ -3,17 +3,22 @@
  * run in a RAM budget.
  *
  * Owns: the k3_pk handle; the pinned arena (whole trunk groups read once at
- * start); the ring arena with its FIFO of regions and the reader thread; the
+ * start); the ring arena with its FIFO of regions and the two reader threads; the
  * expert slot arena with its LRU table and the pool of I/O threads; the
  * trace file; the counters.
  *
  * Ring invariants (ring_mu):
- *   - the FIFO q[qh..qh+qn) lists regions in the order the reader filled them;
- *     regions never overlap; a region is READING (the reader writes it, no
- *     one else touches it), READY, INUSE (the model holds it: only the FIFO
- *     head can be INUSE) or ERROR;
- *   - the reader only writes a region it has just allocated from bytes no
+ *   - the FIFO q[qh..qh+qn) lists regions in the order the readers took
+ *     them (one position, w->next, shared: items are taken in order);
+ *     regions never overlap; a region is READING (the reader that took it
+ *     writes it, no one else touches it), READY, INUSE (the model holds it:
+ *     only the FIFO head can be INUSE) or ERROR; with two readers two
+ *     regions can be READING at once, and a later one may be READY first;
+ *   - a reader only writes a region it has just allocated from bytes no
  *     FIFO entry covers, so a region queued or in use is never overwritten;
+ *   - a group's CRC pass (its parts' CRCs, folded per unit) starts when its
+ *     core is taken, and only once none of the group's regions is READING;
+ *     parts are set and folded under ring_mu;
  *   - the model consumes in FIFO order: acquire(g) drops READY/ERROR heads
  *     that are not g (a prediction miss: e.g. the head group is skipped when
  *     no logits are asked), waits for a READING head, and resynchronises the
@@ -65,9 +70,10 @@ static void st_close(k3_ws *ws)
         w->stop = 1;
         pthread_cond_broadcast(&w->ring_cv);
         pthread_mutex_unlock(&w->ring_mu);
-        pthread_join(w->reader, NULL);
+        for (uint32_t i = 0; i < w->reader_on; i++)
+            pthread_join(w->reader[i], NULL);
     }
-    if (w->io_on) {   /* after the reader: it may be waiting for chunks */
+    if (w->io_on) {   /* after the readers: they may be waiting for chunks */
         pthread_mutex_lock(&w->x_mu);
         w->io_stop = 1;
         pthread_cond_broadcast(&w->io_cv);
@@ -83,7 +89,8 @@ static void st_close(k3_ws *ws)
         pthread_cond_destroy(&w->io_cv);
         pthread_cond_destroy(&w->tc_cv);
     }
-    free(w->tc);
+    for (uint32_t i = 0; i < NREADERS; i++)
+        free(w->tb[i].tc);
     k3_outf_abort(&w->trace_out);   /* a trace never finished is not left behind */
     arena_free(w->pin_arena, w->pin_map);
     arena_free(w->ring, w->ring_map);
@@ -270,6 +277,8 @@ void k3_ws_stream_stats(const k3_ws *ws, k3_stream_stats *st)
         pthread_mutex_lock(&w->ring_mu);
         pthread_mutex_lock(&w->x_mu);
     }
+    if (w->sync_on)
+        k3_wss_io_count(w);
     *st = w->st;
     st->trunk_bytes = w->st.trunk_stream_bytes + w->st.pinned_bytes + w->st.embed_bytes;
     if (w->sync_on) {
@@ -563,8 +572,12 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
         if (n > w->tc_cap)
             w->tc_cap = n;
     }
-    w->tc = calloc(w->tc_cap + 1, sizeof *w->tc);
-    if (!w->io || !w->tc)
+    int bad = !w->io;
+    for (uint32_t i = 0; i < NREADERS; i++) {
+        w->tb[i].tc = calloc(w->tc_cap + 1, sizeof *w->tb[i].tc);
+        bad |= !w->tb[i].tc;
+    }
+    if (bad)
         return k3_err_set(e, K3_ENOMEM, "out of memory");
     if (w->lay) {
         w->nslots = p->expert_slots;
@@ -605,6 +618,7 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
     pthread_cond_init(&w->io_cv, NULL);
     pthread_cond_init(&w->tc_cv, NULL);
     w->sync_on = 1;
+    w->io_t = now_s();
     for (uint32_t i = 0; i < w->nio; i++) {
         if (pthread_create(&w->io[i], NULL, k3_wss_io_main, w) != 0)
             return k3_err_set(e, K3_ENOMEM, "cannot start an I/O thread");
@@ -616,17 +630,18 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
     for (uint32_t g = 0; g < w->ng; g++)
         if (p->pinned[g]) {
             w->grp[g].pinned = w->pin_arena + at;
-            rc = k3_wss_read_group(w, g, w->grp[g].pinned, 1, e);
+            rc = k3_wss_read_group(w, &w->tb[0], g, w->grp[g].pinned, 1, e);
             if (rc < 0)
                 return rc;
             at += w->grp[g].bytes;
             w->st.pinned_bytes += w->grp[g].bytes;
         }
     w->st.load_s = now_s() - t0;
-    if (w->norder) {
-        if (pthread_create(&w->reader, NULL, k3_wss_reader_main, w) != 0)
-            return k3_err_set(e, K3_ENOMEM, "cannot start the reader thread");
-        w->reader_on = 1;
+    for (uint32_t i = 0; i < NREADERS && w->norder; i++) {
+        w->rarg[i] = (reader_arg){w, i};
+        if (pthread_create(&w->reader[i], NULL, k3_wss_reader_main, &w->rarg[i]) != 0)
+            return k3_err_set(e, K3_ENOMEM, "cannot start a reader thread");
+        w->reader_on++;
     }
     w->started = 1;
     return 0;

@@ -96,6 +96,11 @@ typedef struct item {
     uint32_t c;
 } item;
 
+/* The trunk readers: two, so that the I/O threads already hold the next
+ * piece's chunks while one reader waits for a scheduler slot to finish the
+ * last one (on busy cores that wait was 0.5-1.3 ms a piece, the device idle). */
+#define NREADERS 2
+
 /* One chunk of a read spread over the I/O threads. */
 typedef struct tchunk {
     uint64_t ca, cb;           /* the CRC covers file bytes [ca, cb) of the chunk (all of it if ca == cb == 0) */
@@ -106,6 +111,19 @@ typedef struct tchunk {
     int rc;
     k3_err err;
 } tchunk;
+
+/* A reader's batch of chunks (x_mu): posted whole, served oldest first. */
+typedef struct tbatch {
+    tchunk *tc;
+    uint32_t n, next, done;
+    uint64_t seq;
+} tbatch;
+
+struct ws_stream;
+typedef struct reader_arg {
+    struct ws_stream *w;
+    uint32_t i;                /* its batch */
+} reader_arg;
 
 typedef struct xslot {
     uint32_t layer, expert;
@@ -141,8 +159,10 @@ typedef struct ws_stream {
     /* ring */
     pthread_mutex_t ring_mu;
     pthread_cond_t ring_cv;    /* any change of the FIFO or of the reader position */
-    pthread_t reader;
-    int reader_on, stop;       /* stop: the reader's flag (ring_mu) */
+    pthread_t reader[NREADERS];
+    reader_arg rarg[NREADERS];
+    uint32_t reader_on;
+    int stop;                  /* stop: the readers' flag (ring_mu) */
     uint64_t ring_cap;
     rent q[RING_Q];
     uint32_t qh, qn;
@@ -168,13 +188,16 @@ typedef struct ws_stream {
     uint32_t *jobs, jh, jn;    /* records the model will wait for, in read order */
     uint32_t *gjobs, gh, gn;   /* records guessed: read when nothing else is to be read */
     uint64_t jseq;
+    uint32_t io_busy;          /* reads in flight (x_mu) */
+    double io_t;               /* when io_busy last changed or was counted */
     uint64_t *okey;            /* num_experts: experts_prefetch's ready order */
     uint32_t *held, nheld;     /* refs of the current batch */
     uint32_t *pf, npf;         /* refs taken by experts_prefetch, not yet claimed */
     uint32_t *miss, nmiss;
     uint64_t tick;
-    tchunk *tc;                /* the group the reader is loading, in chunks */
-    uint32_t tc_cap, tc_n, tc_next, tc_done;
+    tbatch tb[NREADERS];       /* what each reader is loading, in chunks */
+    uint32_t tc_cap;
+    uint64_t tb_seq;
     pthread_cond_t tc_cv;      /* a chunk finished */
     int threads_on, sync_on;
     int io_stop;               /* the I/O threads' flag (x_mu) */
@@ -220,7 +243,7 @@ static inline int err_wrap(k3_err *e, int rc, const char *what)
 }
 
 /* called across the files */
-int k3_wss_read_group(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_err *e);
+int k3_wss_read_group(ws_stream *w, tbatch *b, uint32_t g, uint8_t *dst, int crc, k3_err *e);
 void k3_wss_piece_range(const grp *G, uint32_t j, uint32_t c, uint64_t *a, uint64_t *b);
 uint64_t k3_wss_piece_region(const grp *G, uint32_t j, uint32_t c);
 void *k3_wss_reader_main(void *arg);
@@ -234,6 +257,7 @@ int k3_wss_st_dist_check(k3_ws *ws, uint32_t g, int code, k3_err *e);
 int k3_wss_st_describe(k3_ws *ws, uint32_t g, k3_wslot s, k3_view *out, k3_err *e);
 int k3_wss_st_embed(k3_ws *ws, const uint32_t *ids, uint32_t n, float *out, k3_err *e);
 void *k3_wss_io_main(void *arg);
+void k3_wss_io_count(ws_stream *w);
 void k3_wss_st_experts_prefetch(k3_ws *ws, uint32_t layer, uint32_t *ids, uint32_t n);
 void k3_wss_st_experts_guess(k3_ws *ws, uint32_t layer, const uint32_t *ids, uint32_t n);
 uint32_t k3_wss_st_batch_max(k3_ws *ws);

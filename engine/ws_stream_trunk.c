@@ -7,24 +7,25 @@
 
 /* -------------------------------------------------------------- trunk */
 
-/* Hand the n chunks posted in w->tc to the I/O threads and wait until every
+/* Hand the n chunks posted in b->tc to the I/O threads and wait until every
  * one is done. Called with x_mu held; returns with it released. */
-static void run_chunks(ws_stream *w, uint32_t n)
+static void run_chunks(ws_stream *w, tbatch *bt, uint32_t n)
 {
-    w->tc_n = n;
-    w->tc_next = 0;
-    w->tc_done = 0;
+    bt->n = n;
+    bt->next = 0;
+    bt->done = 0;
+    bt->seq = ++w->tb_seq;
     pthread_cond_broadcast(&w->io_cv);
-    while (w->tc_done < w->tc_n)
+    while (bt->done < bt->n)
         pthread_cond_wait(&w->tc_cv, &w->x_mu);
-    w->tc_n = 0;
+    bt->n = 0;
     pthread_mutex_unlock(&w->x_mu);
 }
 
 /* Read a group's units as chunks spread over the I/O threads (parallel
  * O_DIRECT preads, each CRC'd where read), then fold the chunk CRCs of each
  * unit in order (crc32_combine) and compare with the unit's CRC. */
-static int read_group_par(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_err *e)
+static int read_group_par(ws_stream *w, tbatch *bt, uint32_t g, uint8_t *dst, int crc, k3_err *e)
 {
     const grp *G = &w->grp[g];
     pthread_mutex_lock(&w->x_mu);
@@ -32,7 +33,7 @@ static int read_group_par(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_er
     for (uint32_t i = 0; i < G->nunits; i++) {
         const k3_pk_unit *u = k3_pk_unit_at(w->pk, G->units[i]);
         for (uint64_t o = 0; o < u->nbytes; o += TCHUNK) {
-            tchunk *c = &w->tc[n++];
+            tchunk *c = &bt->tc[n++];
             c->unit = G->units[i];
             c->file = u->file;
             c->off = u->offset + o;
@@ -44,25 +45,25 @@ static int read_group_par(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_er
             k3_err_clear(&c->err);
         }
     }
-    run_chunks(w, n);
+    run_chunks(w, bt, n);
     int rc = 0;
     for (uint32_t k = 0; k < n && rc == 0; k++)
-        if (w->tc[k].rc < 0) {
-            rc = w->tc[k].rc;
+        if (bt->tc[k].rc < 0) {
+            rc = bt->tc[k].rc;
             if (e) {
                 k3_err_clear(e);
-                *e = w->tc[k].err;
+                *e = bt->tc[k].err;
             }
         }
     for (uint32_t k = 0; k < n && rc == 0 && crc;) {
-        const k3_pk_unit *u = k3_pk_unit_at(w->pk, w->tc[k].unit);
-        uLong v = w->tc[k].crc;
+        const k3_pk_unit *u = k3_pk_unit_at(w->pk, bt->tc[k].unit);
+        uLong v = bt->tc[k].crc;
         uint32_t j = k + 1;
-        for (; j < n && w->tc[j].unit == w->tc[k].unit; j++)
-            v = crc32_combine(v, w->tc[j].crc, (z_off_t)w->tc[j].n);
+        for (; j < n && bt->tc[j].unit == bt->tc[k].unit; j++)
+            v = crc32_combine(v, bt->tc[j].crc, (z_off_t)bt->tc[j].n);
         if ((uint32_t)v != u->crc32)
             rc = k3_err_set(e, K3_ECORRUPT, "%s: unit %u (layer %d) at offset %llu has CRC32 %08x, expected %08x",
-                            k3_pk_file_at(w->pk, u->file)->path, w->tc[k].unit, u->layer,
+                            k3_pk_file_at(w->pk, u->file)->path, bt->tc[k].unit, u->layer,
                             (unsigned long long)u->offset, (uint32_t)v, u->crc32);
         k = j;
     }
@@ -75,11 +76,11 @@ static int read_group_par(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_er
     return 0;
 }
 
-int k3_wss_read_group(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_err *e)
+int k3_wss_read_group(ws_stream *w, tbatch *bt, uint32_t g, uint8_t *dst, int crc, k3_err *e)
 {
     const grp *G = &w->grp[g];
-    if (w->threads_on && w->tc)
-        return read_group_par(w, g, dst, crc, e);
+    if (w->threads_on && bt->tc)
+        return read_group_par(w, bt, g, dst, crc, e);
     for (uint32_t i = 0; i < G->nunits; i++) {
         int rc = k3_pk_read_unit(w->pk, G->units[i], dst + G->unit_rel[i], crc, e);
         if (rc < 0) {
@@ -97,10 +98,10 @@ int k3_wss_read_group(ws_stream *w, uint32_t g, uint8_t *dst, int crc, k3_err *e
 /* Read [off, off + n) of a file (4096-aligned) into dst, in chunks over the
  * I/O threads; with crc, *crc is the CRC32 of the exact bytes [a, b) inside
  * it (each chunk CRCs its share where it is read, folded in order). */
-static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint8_t *dst, uint64_t a, uint64_t b,
+static int read_span(ws_stream *w, tbatch *bt, uint32_t file, uint64_t off, uint64_t n, uint8_t *dst, uint64_t a, uint64_t b,
                      uint32_t *crc, k3_err *e)
 {
-    if (!w->threads_on || !w->tc) {
+    if (!w->threads_on || !bt->tc) {
         int rc = k3_pk_read(w->pk, file, dst, n, off, NULL, 0, e);
         if (rc == 0 && crc)
             *crc = k3_crc32(0, dst + (a - off), (size_t)(b - a));
@@ -111,7 +112,7 @@ static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint
         pthread_mutex_lock(&w->x_mu);
         uint32_t k = 0;
         for (; k < w->tc_cap && done < n; k++) {
-            tchunk *c = &w->tc[k];
+            tchunk *c = &bt->tc[k];
             c->unit = 0;
             c->file = file;
             c->off = off + done;
@@ -126,26 +127,47 @@ static int read_span(ws_stream *w, uint32_t file, uint64_t off, uint64_t n, uint
             k3_err_clear(&c->err);
             done += c->n;
         }
-        run_chunks(w, k);
+        run_chunks(w, bt, k);
         for (uint32_t i = 0; i < k; i++)
-            if (w->tc[i].rc < 0) {
+            if (bt->tc[i].rc < 0) {
                 if (e) {
                     k3_err_clear(e);
-                    *e = w->tc[i].err;
+                    *e = bt->tc[i].err;
                 }
-                return w->tc[i].rc;
+                return bt->tc[i].rc;
             }
         for (uint32_t i = 0; crc && i < k; i++)
-            if (w->tc[i].cb > w->tc[i].ca)
-                fold = crc32_combine(fold, w->tc[i].crc, (z_off_t)(w->tc[i].cb - w->tc[i].ca));
+            if (bt->tc[i].cb > bt->tc[i].ca)
+                fold = crc32_combine(fold, bt->tc[i].crc, (z_off_t)(bt->tc[i].cb - bt->tc[i].ca));
     }
     if (crc)
         *crc = (uint32_t)fold;
     return 0;
 }
 
+/* A new CRC pass over group g's parts: taken when the reader takes g's core
+ * (ring_mu held), before any of this pass's pieces can be read. */
+static void start_pass(grp *G)
+{
+    for (uint32_t p = 0; p < G->nparts; p++)
+        G->parts[p].have = 0;
+    memset(G->unit_done, 0, G->nunits);
+}
+
+/* Is any read of group g still in flight (ring_mu held)? */
+static int group_reading(const ws_stream *w, uint32_t g)
+{
+    for (uint32_t i = 0; i < w->qn; i++)
+        if (w->q[(w->qh + i) % RING_Q].g == g && w->q[(w->qh + i) % RING_Q].state == R_READING)
+            return 1;
+    for (uint32_t i = 0; i < w->pqn; i++)
+        if (w->pq[(w->pqh + i) % RING_Q].g == g && w->pq[(w->pqh + i) % RING_Q].state == R_READING)
+            return 1;
+    return 0;
+}
+
 /* Fold the parts of every unit of g whose parts have all arrived in this
- * pass and compare with the unit's CRC. */
+ * pass and compare with the unit's CRC (ring_mu held). */
 static int check_units(ws_stream *w, uint32_t g, k3_err *e)
 {
     grp *G = &w->grp[g];
@@ -176,28 +198,31 @@ static int check_units(ws_stream *w, uint32_t g, k3_err *e)
 }
 
 /* The core of a group with streamed matrices: its segments, each read
- * widened to 4096 and CRC'd over its exact range. Starts a CRC pass. */
-static int read_core(ws_stream *w, uint32_t g, uint8_t *dst, k3_err *e)
+ * widened to 4096 and CRC'd over its exact range (its CRC pass was started
+ * when the reader took it: start_pass). */
+static int read_core(ws_stream *w, tbatch *bt, uint32_t g, uint8_t *dst, k3_err *e)
 {
     grp *G = &w->grp[g];
-    for (uint32_t p = 0; p < G->nparts; p++)
-        G->parts[p].have = 0;
-    memset(G->unit_done, 0, G->nunits);
     for (uint32_t k = 0; k < G->nsegs; k++) {
         const seg *S = &G->segs[k];
         uint64_t a4 = S->a / 4096 * 4096, b4 = (S->b + 4095) / 4096 * 4096;
         uint32_t v = 0;
-        int rc = read_span(w, S->file, a4, b4 - a4, dst + S->pos, S->a, S->b, w->trunk_crc ? &v : NULL, e);
+        int rc = read_span(w, bt, S->file, a4, b4 - a4, dst + S->pos, S->a, S->b, w->trunk_crc ? &v : NULL, e);
         if (rc < 0) {
             char name[48], what[64];
             group_name(w, g, name, sizeof name);
             snprintf(what, sizeof what, "trunk of %s", name);
             return err_wrap(e, rc, what);
         }
+        pthread_mutex_lock(&w->ring_mu);
         G->parts[S->part].crc = v;
         G->parts[S->part].have = 1;
+        pthread_mutex_unlock(&w->ring_mu);
     }
-    return check_units(w, g, e);
+    pthread_mutex_lock(&w->ring_mu);
+    int rc = check_units(w, g, e);
+    pthread_mutex_unlock(&w->ring_mu);
+    return rc;
 }
 
 /* Bytes [a, b) of piece c of streamed matrix j of group g. */
@@ -215,7 +240,8 @@ uint64_t k3_wss_piece_region(const grp *G, uint32_t j, uint32_t c)
     return (b + 4095) / 4096 * 4096 - a / 4096 * 4096;
 }
 
-static int read_piece(ws_stream *w, uint32_t g, uint32_t j, uint32_t c, uint8_t *dst, uint64_t *skip, k3_err *e)
+static int read_piece(ws_stream *w, tbatch *bt, uint32_t g, uint32_t j, uint32_t c, uint8_t *dst, uint64_t *skip,
+                      k3_err *e)
 {
     grp *G = &w->grp[g];
     uint64_t a, b;
@@ -223,7 +249,7 @@ static int read_piece(ws_stream *w, uint32_t g, uint32_t j, uint32_t c, uint8_t 
     uint64_t a4 = a / 4096 * 4096, b4 = (b + 4095) / 4096 * 4096;
     *skip = a - a4;
     uint32_t v = 0;
-    int rc = read_span(w, G->lz[j].file, a4, b4 - a4, dst, a, b, w->trunk_crc ? &v : NULL, e);
+    int rc = read_span(w, bt, G->lz[j].file, a4, b4 - a4, dst, a, b, w->trunk_crc ? &v : NULL, e);
     if (rc < 0) {
         char name[48], what[96];
         group_name(w, g, name, sizeof name);
@@ -231,10 +257,13 @@ static int read_piece(ws_stream *w, uint32_t g, uint32_t j, uint32_t c, uint8_t 
                  (unsigned long long)G->lz[j].prow[c]);
         return err_wrap(e, rc, what);
     }
+    pthread_mutex_lock(&w->ring_mu);   /* the other reader may be folding this group's parts */
     part *P = &G->parts[G->lz[j].part0 + c];
     P->crc = v;
     P->have = 1;
-    return check_units(w, g, e);
+    rc = check_units(w, g, e);
+    pthread_mutex_unlock(&w->ring_mu);
+    return rc;
 }
 
 /* Where a region of n bytes fits after the newest entry of FIFO q. */
@@ -268,19 +297,26 @@ static int fifo_fit(const rent *q, uint32_t qh, uint32_t qn, uint64_t cap, uint6
 
 void *k3_wss_reader_main(void *arg)
 {
-    ws_stream *w = arg;
+    const reader_arg *ra = arg;
+    ws_stream *w = ra->w;
+    tbatch *bt = &w->tb[ra->i];
     pthread_mutex_lock(&w->ring_mu);
     while (!w->stop) {
         const item it = w->order[w->next];
-        const grp *G = &w->grp[it.g];
+        grp *G = &w->grp[it.g];
         int piece = it.j >= 0;
         uint64_t off, n = piece ? k3_wss_piece_region(G, (uint32_t)it.j, it.c) : G->nlz ? G->core : G->bytes;
         rent *q = piece ? w->pq : w->q;
         uint32_t *qh = piece ? &w->pqh : &w->qh, *qn = piece ? &w->pqn : &w->qn;
-        if (*qn == RING_Q || !fifo_fit(q, *qh, *qn, piece ? w->pring_cap : w->ring_cap, n, &off)) {
+        /* a group's next CRC pass starts once its last pass's reads are in */
+        int new_pass = !piece && G->nlz;
+        if (*qn == RING_Q || (new_pass && group_reading(w, it.g)) ||
+            !fifo_fit(q, *qh, *qn, piece ? w->pring_cap : w->ring_cap, n, &off)) {
             pthread_cond_wait(&w->ring_cv, &w->ring_mu);
             continue;
         }
+        if (new_pass)
+            start_pass(G);
         rent *r = &q[(*qh + *qn) % RING_Q];
         r->g = it.g;
         r->j = it.j;
@@ -296,11 +332,11 @@ void *k3_wss_reader_main(void *arg)
         k3_err err = {0};
         int rc;
         if (piece)
-            rc = read_piece(w, it.g, (uint32_t)it.j, it.c, w->pring + off, &r->skip, &err);
+            rc = read_piece(w, bt, it.g, (uint32_t)it.j, it.c, w->pring + off, &r->skip, &err);
         else if (G->nlz)
-            rc = read_core(w, it.g, w->ring + off, &err);
+            rc = read_core(w, bt, it.g, w->ring + off, &err);
         else
-            rc = k3_wss_read_group(w, it.g, w->ring + off, w->trunk_crc, &err);
+            rc = k3_wss_read_group(w, bt, it.g, w->ring + off, w->trunk_crc, &err);
         pthread_mutex_lock(&w->ring_mu);
         if (rc < 0) {
             r->rc = rc;

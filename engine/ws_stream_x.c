@@ -6,6 +6,18 @@
 
 /* ------------------------------------------------------------ experts */
 
+/* Time since the last change of io_busy into io_idle_s or io_depth_s (x_mu
+ * held): the report's device idle share, measured rather than derived. */
+void k3_wss_io_count(ws_stream *w)
+{
+    const double now = now_s(), dt = now - w->io_t;
+    if (w->io_busy)
+        w->st.io_depth_s += dt * w->io_busy;
+    else
+        w->st.io_idle_s += dt;
+    w->io_t = now;
+}
+
 /* The I/O threads. Order of work: expert records the model will wait for,
  * then the trunk group the reader is loading, then records read on a guess
  * (so a guess only uses time the device would otherwise be idle). */
@@ -14,17 +26,27 @@ void *k3_wss_io_main(void *arg)
     ws_stream *w = arg;
     pthread_mutex_lock(&w->x_mu);
     while (!w->io_stop) {
-        if (w->jn == 0 && w->tc_next < w->tc_n) {
-            tchunk *c = &w->tc[w->tc_next++];
+        tbatch *b = NULL;   /* the oldest batch with chunks not taken */
+        for (uint32_t i = 0; i < NREADERS && w->jn == 0; i++)
+            if (w->tb[i].next < w->tb[i].n && (!b || w->tb[i].seq < b->seq))
+                b = &w->tb[i];
+        if (b) {
+            tchunk *c = &b->tc[b->next++];
             int want_crc = c->rc;
+            k3_wss_io_count(w);
+            w->io_busy++;
             pthread_mutex_unlock(&w->x_mu);
             c->rc = k3_pk_read(w->pk, c->file, c->dst, c->n, c->off, NULL, 0, &c->err);
+            pthread_mutex_lock(&w->x_mu);   /* the read is done; its CRC is not the device's time */
+            k3_wss_io_count(w);
+            w->io_busy--;
+            pthread_mutex_unlock(&w->x_mu);
             if (c->rc == 0 && want_crc) {
-                uint64_t a = c->cb > c->ca ? c->ca : c->off, b = c->cb > c->ca ? c->cb : c->off + c->n;
-                c->crc = k3_crc32(0, c->dst + (a - c->off), (size_t)(b - a));
+                uint64_t lo = c->cb > c->ca ? c->ca : c->off, hi = c->cb > c->ca ? c->cb : c->off + c->n;
+                c->crc = k3_crc32(0, c->dst + (lo - c->off), (size_t)(hi - lo));
             }
             pthread_mutex_lock(&w->x_mu);
-            if (++w->tc_done == w->tc_n)
+            if (++b->done == b->n)
                 pthread_cond_broadcast(&w->tc_cv);
             continue;
         }
@@ -44,6 +66,8 @@ void *k3_wss_io_main(void *arg)
         xslot *x = &w->xs[s];
         x->queued = Q_NONE;
         uint32_t layer = x->layer, expert = x->expert;
+        k3_wss_io_count(w);
+        w->io_busy++;
         pthread_mutex_unlock(&w->x_mu);
         k3_err err = {0};
         int rc = k3_pk_read_record(w->pk, layer, expert, w->xarena + (uint64_t)s * w->lay->stride, 1, &err);
@@ -53,6 +77,8 @@ void *k3_wss_io_main(void *arg)
             err_wrap(&err, rc, what);
         }
         pthread_mutex_lock(&w->x_mu);
+        k3_wss_io_count(w);
+        w->io_busy--;
         if (rc < 0) {
             x->state = X_ERROR;
             x->rc = rc;

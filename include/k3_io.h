@@ -144,9 +144,10 @@ int k3_io_path_join(char *out, size_t cap, const char *dir, const char *name, k3
 
 /*
  * Fault injection (tests only; costs one branch when unset).
- * K3_FAULT="KIND:SUBSTR:OFFSET[:COUNT]" - the first COUNT (default: all) reads
- * through k3_io_pread/k3_io_pread_direct of a file whose path contains SUBSTR
- * and whose range covers byte OFFSET:
+ * K3_FAULT="KIND:SUBSTR:OFFSET[:COUNT[:SKIP]]" - the first COUNT (default:
+ * all) reads, after the first SKIP (default 0) left alone, through
+ * k3_io_pread/k3_io_pread_direct of a file whose path contains SUBSTR and
+ * whose range covers byte OFFSET (SKIP reaches a later pass of a stream):
  *   eio   fail with EIO         short  return one byte less than asked
  *   flip  flip bit 0 of the byte at OFFSET in what was read
  * k3_io_fault_reset() re-reads the variable (the tools read it once at start).

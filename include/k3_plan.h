@@ -165,6 +165,10 @@ typedef struct k3_stream_stats {
     uint64_t guess_queued, guess_right, guess_dropped;
     uint64_t ring_drops;            /* prefetched groups the model did not ask for */
     double trunk_wait_s, expert_wait_s;   /* time the model spent waiting for reads */
+    /* the device side, from the I/O threads: wall time with no read in
+     * flight (the device idle for us), and the integral of the number of
+     * reads in flight over time (divided by the busy time: the mean depth) */
+    double io_idle_s, io_depth_s;
     double load_s;                  /* pinned set read at start */
     uint64_t forwards;              /* passes through layer 0 */
 } k3_stream_stats;

@@ -279,6 +279,35 @@ K3_TEST(stream_catches_a_flipped_byte_in_a_streamed_row_piece)
     k3_pk_close(p);
 }
 
+/* Every pass over a group is checked anew: a byte that reads right the first
+ * time and wrong the second (K3_FAULT's SKIP) fails the run as well; the two
+ * readers fold a unit's pieces together. */
+K3_TEST(stream_checks_every_pass_of_a_streamed_piece)
+{
+    const char *pk = packed_tiny();
+    k3_pk *p = NULL;
+    CHECK_EQ_INT(k3_pk_open(&p, pk, 0, NULL), 0);
+    const k3_pk_tensor *t = p ? k3_pk_tensor_find(p, "language_model.lm_head.weight") : NULL;
+    CHECK(t != NULL);
+    if (!t) {
+        k3_pk_close(p);
+        return;
+    }
+    const char *path = k3_pk_file_at(p, k3_pk_unit_at(p, t->pieces[0].unit)->file)->path;
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    unsigned long long off = t->pieces[0].offset + t->nbytes / 3 + 5;
+    for (int skip = 1; skip <= 2; skip++) {
+        char *err = NULL;
+        CHECK_EQ_INT(k3t_runf(NULL, &err,
+                              "K3_FAULT=flip:%s:%llu:1:%d k3-run %s --ids 3,1 --gen 4 --ram floor --ram-piece 8K", base,
+                              off, skip, pk),
+                     5);
+        CHECK_STR_CONTAINS(err, "(trunk of the head)");
+        free(err);
+    }
+    k3_pk_close(p);
+}
+
 /* Sum of a view's bytes, for comparing against the resident source. */
 static uint32_t view_crc(const k3_view *v)
 {
