@@ -10,8 +10,9 @@
  * widening step): tiles of R rows x TB activation vectors (4x1 at T = 1, 4x3 else)
  * whose accumulators stay in registers for the whole row; the weights are
  * widened once per tile and used TB times, and for T > TB the same rows are
- * re-read from L1/L2, never from memory. The next block of rows is
- * prefetched while a block runs, spread over all passes over it.
+ * re-read from L1/L2, never from memory (past 24 vectors the rows run once
+ * per slice of 16, so that each slice's X stays in L2). The next block of
+ * rows is prefetched while a block runs, spread over all passes over it.
  *
  * MXFP4: the group's row of k3_kern_mx_table (e2m1 * 2^(s-127) for all 16
  * nibbles, exactly the ref.c weights) is the vpermps table, so no multiply
@@ -184,8 +185,13 @@ W_TILES(bf16_tile, DT_BF16)
 W_TILES(f16_tile, DT_F16)
 W_TILES(f32_tile, DT_F32)
 
-AI void w_rows(const void *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y,
-               uint64_t r0, uint64_t r1, const w_tile_fn *four, const w_tile_fn *two, const w_tile_fn *one)
+#ifndef W_TSLICE
+#define W_TSLICE 16
+#endif
+
+AI void w_rows_slice(const void *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T,
+                     float *Y, uint64_t r0, uint64_t r1, const w_tile_fn *four,
+                     const w_tile_fn *two, const w_tile_fn *one)
 {
     uint64_t r = r0;
     if (T == 1) {
@@ -211,6 +217,29 @@ AI void w_rows(const void *W, uint64_t rows, uint64_t cols, const float *X, uint
     for (; r < r1; r++)
         for (uint32_t t = 0; t < T; t += 4)
             one[T - t >= 4 ? 4 : T - t](W, rows, cols, X, Y, r, t, n2, t / 4);
+}
+
+AI void w_rows(const void *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y,
+               uint64_t r0, uint64_t r1, const w_tile_fn *four, const w_tile_fn *two, const w_tile_fn *one)
+{
+    /* Past W_TSLICE vectors X (T * cols * 4 bytes; 1.8 MiB at T = 64 and
+     * 7168 columns) no longer fits in L2 beside the rows in flight, and
+     * every pass would read its vectors from L3. So the rows run once per
+     * slice of W_TSLICE vectors (the last one up to 1.5 W_TSLICE), each
+     * slice's X staying in L2; the weights are then read once per slice,
+     * which at 16 vectors per weight stays far below the memory's speed.
+     * Every output is still computed by the same tile code: same bits. */
+    if (T > W_TSLICE + W_TSLICE / 2) {
+        for (uint32_t ts = 0; ts < T; ts += W_TSLICE) {
+            uint32_t n = T - ts < W_TSLICE + W_TSLICE / 2 ? T - ts : W_TSLICE;
+            w_rows_slice(W, rows, cols, X + (uint64_t)ts * cols, n, Y + (uint64_t)ts * rows, r0, r1,
+                         four, two, one);
+            if (n != W_TSLICE)
+                break;
+        }
+        return;
+    }
+    w_rows_slice(W, rows, cols, X, T, Y, r0, r1, four, two, one);
 }
 
 static void avx512_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
