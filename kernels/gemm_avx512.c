@@ -124,7 +124,7 @@ AI void w_tile(const void *W, uint64_t rows, uint64_t cols, const float *X, floa
     if (R >= 2 && r + 2 * (uint64_t)R <= rows)
         pf = (const char *)W + (r + (uint64_t)R) * cols * es;
     const uint64_t pl = (uint64_t)R * es / 2;
-    uint64_t c = 0, pc = pf ? (uint64_t)pass * 32 : ~(uint64_t)0;
+    uint64_t c = 0, pc = pf && pass < npass ? (uint64_t)pass * 32 : ~(uint64_t)0;
     for (; c + 32 <= cols; c += 32) {
         if (c == pc) {
 #pragma GCC unroll 8
@@ -206,8 +206,10 @@ AI void w_rows_slice(const void *W, uint64_t rows, uint64_t cols, const float *X
      * next block's lines are shared out over all passes over these rows
      * (pass k fetches 32-column steps k, k + npass, ...), so that they are
      * asked for at the pace the block runs, not in a burst in its first
-     * pass */
-    uint32_t n4 = (T + 2) / 3, n2 = (T + 3) / 4;
+     * pass. With fewer than two whole passes (T < 6, or 8 for the row
+     * tails) the first pass fetches them all: its partner is too short to
+     * take half. */
+    uint32_t n4 = T >= 6 ? (T + 2) / 3 : 1, n2 = T >= 8 ? (T + 3) / 4 : 1;
     for (; r + 4 <= r1; r += 4)
         for (uint32_t t = 0; t < T; t += 3)
             four[T - t >= 3 ? 3 : T - t](W, rows, cols, X, Y, r, t, n4, t / 3);
