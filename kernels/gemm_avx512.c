@@ -10,9 +10,9 @@
  * widening step): tiles of R rows x TB activation vectors (4x1 at T = 1, 4x3 else)
  * whose accumulators stay in registers for the whole row; the weights are
  * widened once per tile and used TB times, and for T > TB the same rows are
- * re-read from L1/L2, never from memory (past 24 vectors the rows run once
- * per slice of 16, so that each slice's X stays in L2). The next block of
- * rows is prefetched while a block runs, spread over all passes over it.
+ * re-read from L1/L2, never from memory (once X outgrows L2 the vectors go
+ * in slices that fit, see w_rows). The next block of rows is prefetched
+ * while a block runs, spread over all passes over it.
  *
  * MXFP4: the group's row of k3_kern_mx_table (e2m1 * 2^(s-127) for all 16
  * nibbles, exactly the ref.c weights) is the vpermps table, so no multiply
@@ -185,8 +185,13 @@ W_TILES(bf16_tile, DT_BF16)
 W_TILES(f16_tile, DT_F16)
 W_TILES(f32_tile, DT_F32)
 
-#ifndef W_TSLICE
-#define W_TSLICE 16
+/* X bytes a slice of vectors may take, and weight bytes of the rows that
+ * run all slices before the next rows start (see w_rows) */
+#ifndef W_X_BYTES
+#define W_X_BYTES (448u << 10)
+#endif
+#ifndef W_ROW_BYTES
+#define W_ROW_BYTES (256u << 10)
 #endif
 
 AI void w_rows_slice(const void *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T,
@@ -222,44 +227,54 @@ AI void w_rows_slice(const void *W, uint64_t rows, uint64_t cols, const float *X
 }
 
 AI void w_rows(const void *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y,
-               uint64_t r0, uint64_t r1, const w_tile_fn *four, const w_tile_fn *two, const w_tile_fn *one)
+               uint64_t r0, uint64_t r1, const w_tile_fn *four, const w_tile_fn *two,
+               const w_tile_fn *one, const uint64_t es)
 {
-    /* Past W_TSLICE vectors X (T * cols * 4 bytes; 1.8 MiB at T = 64 and
-     * 7168 columns) no longer fits in L2 beside the rows in flight, and
-     * every pass would read its vectors from L3. So the rows run once per
-     * slice of W_TSLICE vectors (the last one up to 1.5 W_TSLICE), each
-     * slice's X staying in L2; the weights are then read once per slice,
-     * which at 16 vectors per weight stays far below the memory's speed.
-     * Every output is still computed by the same tile code: same bits. */
-    if (T > W_TSLICE + W_TSLICE / 2) {
-        for (uint32_t ts = 0; ts < T; ts += W_TSLICE) {
-            uint32_t n = T - ts < W_TSLICE + W_TSLICE / 2 ? T - ts : W_TSLICE;
-            w_rows_slice(W, rows, cols, X + (uint64_t)ts * cols, n, Y + (uint64_t)ts * rows, r0, r1,
-                         four, two, one);
-            if (n != W_TSLICE)
-                break;
-        }
+    /* Every pass over a 4-row block reads its vectors' X from wherever X
+     * lives, 16 bytes per FMA; once X (T * cols * 4 bytes: 1.8 MiB at T = 64
+     * and 7168 columns, 0.9 MiB at T = 16 and 14336) no longer fits in L2
+     * beside the rows in flight, that is L3. So past 1.5 slices the vectors
+     * go in slices of ts (X of one slice at most W_X_BYTES, 4 to 16
+     * vectors; the last slice up to 1.5 ts), and the rows in groups of about
+     * W_ROW_BYTES that run every slice before the next group starts: each
+     * slice's X stays in L2, and the group's weights are read from memory
+     * once, then from L2. Every output is still computed by the same tile
+     * code: same bits. */
+    uint64_t cb = cols ? cols : 1, ts = W_X_BYTES / (cb * 4), rg = W_ROW_BYTES / (cb * es) / 4 * 4;
+    ts = ts < 4 ? 4 : ts > 16 ? 16 : ts;
+    rg = rg < 4 ? 4 : rg;
+    if (T <= ts + ts / 2) {
+        w_rows_slice(W, rows, cols, X, T, Y, r0, r1, four, two, one);
         return;
     }
-    w_rows_slice(W, rows, cols, X, T, Y, r0, r1, four, two, one);
+    for (uint64_t rs = r0; rs < r1; rs += rg) {
+        uint64_t re = r1 - rs < rg ? r1 : rs + rg;
+        for (uint32_t t = 0; t < T; t += (uint32_t)ts) {
+            uint32_t n = T - t < ts + ts / 2 ? T - t : (uint32_t)ts;
+            w_rows_slice(W, rows, cols, X + (uint64_t)t * cols, n, Y + (uint64_t)t * rows, rs, re,
+                         four, two, one);
+            if (n != ts)
+                break;
+        }
+    }
 }
 
 static void avx512_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
                                   const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
 {
-    w_rows(W, rows, cols, X, T, Y, r0, r1, bf16_tile_four, bf16_tile_two, bf16_tile_one);
+    w_rows(W, rows, cols, X, T, Y, r0, r1, bf16_tile_four, bf16_tile_two, bf16_tile_one, 2);
 }
 
 static void avx512_gemm_f16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
                                  const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
 {
-    w_rows(W, rows, cols, X, T, Y, r0, r1, f16_tile_four, f16_tile_two, f16_tile_one);
+    w_rows(W, rows, cols, X, T, Y, r0, r1, f16_tile_four, f16_tile_two, f16_tile_one, 2);
 }
 
 static void avx512_gemm_f32_rows(const float *W, uint64_t rows, uint64_t cols,
                                  const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
 {
-    w_rows(W, rows, cols, X, T, Y, r0, r1, f32_tile_four, f32_tile_two, f32_tile_one);
+    w_rows(W, rows, cols, X, T, Y, r0, r1, f32_tile_four, f32_tile_two, f32_tile_one, 4);
 }
 
 /* ---- MXFP4 ---------------------------------------------------------------- */
