@@ -10,8 +10,9 @@
  * widening step): tiles of R rows x TB activation vectors (4x1 at T = 1, 4x3 else)
  * whose accumulators stay in registers for the whole row; the weights are
  * widened once per tile and used TB times, and for T > TB the same rows are
- * re-read from L1/L2, never from memory. The next block of rows is
- * prefetched while a block runs.
+ * re-read from L1/L2, never from memory (once X outgrows L2 the vectors go
+ * in slices that fit, see w_rows). The next block of rows is prefetched
+ * while a block runs, spread over all passes over it.
  *
  * MXFP4: the group's row of k3_kern_mx_table (e2m1 * 2^(s-127) for all 16
  * nibbles, exactly the ref.c weights) is the vpermps table, so no multiply
@@ -93,8 +94,13 @@ AI __m512 w16_mask(const char *p, __mmask16 m, const int DT)
     return bf16x16_mask((const uint16_t *)p, m);
 }
 
+#ifndef W_PF_HINT
+#define W_PF_HINT _MM_HINT_T0
+#endif
+
 AI void w_tile(const void *W, uint64_t rows, uint64_t cols, const float *X, float *Y,
-               uint64_t r, uint32_t t0, const int R, const int TB, const int DT)
+               uint64_t r, uint32_t t0, uint32_t npass, uint32_t pass, const int R, const int TB,
+               const int DT)
 {
     const uint64_t es = dt_size(DT);
     __m512 acc[4][4][2];
@@ -112,18 +118,20 @@ AI void w_tile(const void *W, uint64_t rows, uint64_t cols, const float *X, floa
         x[j] = X + (uint64_t)(t0 + (uint32_t)j) * cols;
 
     /* the next block of R rows (contiguous) is fetched while this one runs:
-     * R * es / 2 lines of it per 32 columns, on the first pass over these
-     * rows only */
+     * R * es / 2 lines of it per 32 columns, this pass taking the steps
+     * pass, pass + npass, ... (see w_rows) */
     const char *pf = NULL;
-    if (t0 == 0 && R >= 2 && r + 2 * (uint64_t)R <= rows)
+    if (R >= 2 && r + 2 * (uint64_t)R <= rows)
         pf = (const char *)W + (r + (uint64_t)R) * cols * es;
     const uint64_t pl = (uint64_t)R * es / 2;
-    uint64_t c = 0;
+    uint64_t c = 0, pc = pf && pass < npass ? (uint64_t)pass * 32 : ~(uint64_t)0;
     for (; c + 32 <= cols; c += 32) {
-        if (pf)
+        if (c == pc) {
 #pragma GCC unroll 8
             for (uint64_t i = 0; i < pl; i++)
-                _mm_prefetch(pf + (c / 32 * pl + i) * 64, _MM_HINT_T0);
+                _mm_prefetch(pf + (c / 32 * pl + i) * 64, W_PF_HINT);
+            pc += (uint64_t)npass * 32;
+        }
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
             __m512 w0 = w16(w[i] + c * es, DT), w1 = w16(w[i] + (c + 16) * es, DT);
@@ -158,13 +166,14 @@ AI void w_tile(const void *W, uint64_t rows, uint64_t cols, const float *X, floa
             Y[(uint64_t)(t0 + (uint32_t)j) * rows + r + (uint64_t)i] = fold32(acc[i][j][0], acc[i][j][1]);
 }
 
-typedef void (*w_tile_fn)(const void *, uint64_t, uint64_t, const float *, float *, uint64_t, uint32_t);
+typedef void (*w_tile_fn)(const void *, uint64_t, uint64_t, const float *, float *, uint64_t, uint32_t,
+                          uint32_t, uint32_t);
 
 /* One function per (type, tile shape) so that R, TB and DT are constants
  * inside; the tables are indexed by TB. */
 #define W_TILE(N, DT, R, TB)                                                                              \
     static void N##_##R##x##TB(const void *W, uint64_t rows, uint64_t cols, const float *X, float *Y,   \
-                               uint64_t r, uint32_t t0) { w_tile(W, rows, cols, X, Y, r, t0, R, TB, DT); }
+                               uint64_t r, uint32_t t0, uint32_t np, uint32_t k) { w_tile(W, rows, cols, X, Y, r, t0, np, k, R, TB, DT); }
 #define W_TILES(N, DT)                                                                                    \
     W_TILE(N, DT, 4, 1) W_TILE(N, DT, 4, 2) W_TILE(N, DT, 4, 3)                                           \
     W_TILE(N, DT, 2, 1) W_TILE(N, DT, 2, 2) W_TILE(N, DT, 2, 3) W_TILE(N, DT, 2, 4)                       \
@@ -176,46 +185,96 @@ W_TILES(bf16_tile, DT_BF16)
 W_TILES(f16_tile, DT_F16)
 W_TILES(f32_tile, DT_F32)
 
-AI void w_rows(const void *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y,
-               uint64_t r0, uint64_t r1, const w_tile_fn *four, const w_tile_fn *two, const w_tile_fn *one)
+/* X bytes a slice of vectors may take, and weight bytes of the rows that
+ * run all slices before the next rows start (see w_rows) */
+#ifndef W_X_BYTES
+#define W_X_BYTES (448u << 10)
+#endif
+#ifndef W_ROW_BYTES
+#define W_ROW_BYTES (256u << 10)
+#endif
+
+AI void w_rows_slice(const void *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T,
+                     float *Y, uint64_t r0, uint64_t r1, const w_tile_fn *four,
+                     const w_tile_fn *two, const w_tile_fn *one)
 {
     uint64_t r = r0;
     if (T == 1) {
         for (; r + 4 <= r1; r += 4)
-            four[1](W, rows, cols, X, Y, r, 0);
+            four[1](W, rows, cols, X, Y, r, 0, 1, 0);
         for (; r < r1; r++)
-            one[1](W, rows, cols, X, Y, r, 0);
+            one[1](W, rows, cols, X, Y, r, 0, 1, 0);
         return;
     }
     /* 4 rows x 3 vectors: 24 accumulators; each x load feeds 4 FMAs, which
-     * keeps the L2 traffic for x (T*cols*4 bytes, past L1) affordable */
+     * keeps the L2 traffic for x (T*cols*4 bytes, past L1) affordable. The
+     * next block's lines are shared out over all passes over these rows
+     * (pass k fetches 32-column steps k, k + npass, ...), so that they are
+     * asked for at the pace the block runs, not in a burst in its first
+     * pass. With fewer than two whole passes (T < 6, or 8 for the row
+     * tails) the first pass fetches them all: its partner is too short to
+     * take half. */
+    uint32_t n4 = T >= 6 ? (T + 2) / 3 : 1, n2 = T >= 8 ? (T + 3) / 4 : 1;
     for (; r + 4 <= r1; r += 4)
         for (uint32_t t = 0; t < T; t += 3)
-            four[T - t >= 3 ? 3 : T - t](W, rows, cols, X, Y, r, t);
+            four[T - t >= 3 ? 3 : T - t](W, rows, cols, X, Y, r, t, n4, t / 3);
     for (; r + 2 <= r1; r += 2)
         for (uint32_t t = 0; t < T; t += 4)
-            two[T - t >= 4 ? 4 : T - t](W, rows, cols, X, Y, r, t);
+            two[T - t >= 4 ? 4 : T - t](W, rows, cols, X, Y, r, t, n2, t / 4);
     for (; r < r1; r++)
         for (uint32_t t = 0; t < T; t += 4)
-            one[T - t >= 4 ? 4 : T - t](W, rows, cols, X, Y, r, t);
+            one[T - t >= 4 ? 4 : T - t](W, rows, cols, X, Y, r, t, n2, t / 4);
+}
+
+AI void w_rows(const void *W, uint64_t rows, uint64_t cols, const float *X, uint32_t T, float *Y,
+               uint64_t r0, uint64_t r1, const w_tile_fn *four, const w_tile_fn *two,
+               const w_tile_fn *one, const uint64_t es)
+{
+    /* Every pass over a 4-row block reads its vectors' X from wherever X
+     * lives, 16 bytes per FMA; once X (T * cols * 4 bytes: 1.8 MiB at T = 64
+     * and 7168 columns, 0.9 MiB at T = 16 and 14336) no longer fits in L2
+     * beside the rows in flight, that is L3. So past 1.5 slices the vectors
+     * go in slices of ts (X of one slice at most W_X_BYTES, 4 to 16
+     * vectors; the last slice up to 1.5 ts), and the rows in groups of about
+     * W_ROW_BYTES that run every slice before the next group starts: each
+     * slice's X stays in L2, and the group's weights are read from memory
+     * once, then from L2. Every output is still computed by the same tile
+     * code: same bits. */
+    uint64_t cb = cols ? cols : 1, ts = W_X_BYTES / (cb * 4), rg = W_ROW_BYTES / (cb * es) / 4 * 4;
+    ts = ts < 4 ? 4 : ts > 16 ? 16 : ts;
+    rg = rg < 4 ? 4 : rg;
+    if (T <= ts + ts / 2) {
+        w_rows_slice(W, rows, cols, X, T, Y, r0, r1, four, two, one);
+        return;
+    }
+    for (uint64_t rs = r0; rs < r1; rs += rg) {
+        uint64_t re = r1 - rs < rg ? r1 : rs + rg;
+        for (uint32_t t = 0; t < T; t += (uint32_t)ts) {
+            uint32_t n = T - t < ts + ts / 2 ? T - t : (uint32_t)ts;
+            w_rows_slice(W, rows, cols, X + (uint64_t)t * cols, n, Y + (uint64_t)t * rows, rs, re,
+                         four, two, one);
+            if (n != ts)
+                break;
+        }
+    }
 }
 
 static void avx512_gemm_bf16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
                                   const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
 {
-    w_rows(W, rows, cols, X, T, Y, r0, r1, bf16_tile_four, bf16_tile_two, bf16_tile_one);
+    w_rows(W, rows, cols, X, T, Y, r0, r1, bf16_tile_four, bf16_tile_two, bf16_tile_one, 2);
 }
 
 static void avx512_gemm_f16_rows(const uint16_t *W, uint64_t rows, uint64_t cols,
                                  const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
 {
-    w_rows(W, rows, cols, X, T, Y, r0, r1, f16_tile_four, f16_tile_two, f16_tile_one);
+    w_rows(W, rows, cols, X, T, Y, r0, r1, f16_tile_four, f16_tile_two, f16_tile_one, 2);
 }
 
 static void avx512_gemm_f32_rows(const float *W, uint64_t rows, uint64_t cols,
                                  const float *X, uint32_t T, float *Y, uint64_t r0, uint64_t r1)
 {
-    w_rows(W, rows, cols, X, T, Y, r0, r1, f32_tile_four, f32_tile_two, f32_tile_one);
+    w_rows(W, rows, cols, X, T, Y, r0, r1, f32_tile_four, f32_tile_two, f32_tile_one, 4);
 }
 
 /* ---- MXFP4 ---------------------------------------------------------------- */

@@ -212,3 +212,23 @@ K3_TEST(kern_batch_negative_zero_outputs_survive)
     }
     free(W), free(X), free(Y0), free(Y1), free(P);
 }
+
+/* Wide rows with many vectors: on avx512 the vectors then go in slices whose
+ * X fits L2 and the rows in groups that run every slice (w_rows in
+ * kernels/gemm_avx512.c); these shapes leave several groups, a short last
+ * group, a long last slice, and row ranges that start inside a group. */
+K3_TEST(kern_batch_vector_slices_and_row_groups_bit_identical_to_scalar)
+{
+    static const struct { int k; uint64_t rows, cols; uint32_t T; uint64_t r0, r1; } c[] = {
+        {BT_BF16, 37, 14336 + 3, 16, 0, 37}, {BT_BF16, 37, 14336 + 3, 16, 5, 33},
+        {BT_F32, 27, 4099, 40, 0, 27}, {BT_F16, 33, 9000, 20, 3, 30},
+        {BT_BF16, 41, 7168, 64, 2, 41},
+    };
+    for (size_t a = 0; a < sizeof bt_isas / sizeof *bt_isas; a++) {
+        if (!k3_kern_supported(bt_isas[a]))
+            continue;
+        for (size_t i = 0; i < sizeof c / sizeof *c; i++)
+            if (bt_case(bt_isas[a], c[i].k, c[i].rows, c[i].cols, c[i].T, 0, c[i].r0, c[i].r1))
+                return;
+    }
+}
