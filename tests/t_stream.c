@@ -245,22 +245,33 @@ K3_TEST(stream_catches_a_flipped_trunk_byte_before_any_token)
     free(err);
 }
 
-K3_TEST(stream_catches_a_flipped_byte_in_a_streamed_row_piece)
+/* Where lm_head's bytes are: the file's name into base (for K3_FAULT) and
+ * the file offset of byte num/den of the tensor, plus add; 0 if not found. */
+static int lm_head_byte(const char *pk, char *base, size_t cap, uint64_t num, uint64_t den, uint64_t add,
+                        unsigned long long *off)
 {
-    const char *pk = packed_tiny();
     k3_pk *p = NULL;
     CHECK_EQ_INT(k3_pk_open(&p, pk, 0, NULL), 0);
     const k3_pk_tensor *t = p ? k3_pk_tensor_find(p, "language_model.lm_head.weight") : NULL;
     CHECK(t != NULL);
-    if (!t) {
-        k3_pk_close(p);
-        return;
+    if (t) {
+        const char *path = k3_pk_file_at(p, k3_pk_unit_at(p, t->pieces[0].unit)->file)->path;
+        snprintf(base, cap, "%s", strrchr(path, '/') ? strrchr(path, '/') + 1 : path);
+        *off = t->pieces[0].offset + t->nbytes / den * num + add;
     }
-    const char *path = k3_pk_file_at(p, k3_pk_unit_at(p, t->pieces[0].unit)->file)->path;
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    k3_pk_close(p);
+    return t != NULL;
+}
+
+K3_TEST(stream_catches_a_flipped_byte_in_a_streamed_row_piece)
+{
+    const char *pk = packed_tiny();
+    char base[256];
+    unsigned long long off;
     /* a byte in the middle of lm_head: read as a row piece, caught when the
      * head's unit CRC is folded, before the logits are returned */
-    unsigned long long off = t->pieces[0].offset + t->nbytes / 2 + 3;
+    if (!lm_head_byte(pk, base, sizeof base, 1, 2, 3, &off))
+        return;
     char *out = NULL, *err = NULL;
     CHECK_EQ_INT(k3t_runf(&out, &err, "K3_FAULT=flip:%s:%llu k3-run %s --ids 3,1 --gen 2 --ram floor --ram-piece 8K",
                           base, off, pk),
@@ -276,7 +287,6 @@ K3_TEST(stream_catches_a_flipped_byte_in_a_streamed_row_piece)
                  4);
     CHECK_STR_CONTAINS(err, "lm_head.weight rows from");
     free(err);
-    k3_pk_close(p);
 }
 
 /* Every pass over a group is checked anew: a byte that reads right in the
@@ -286,24 +296,16 @@ K3_TEST(stream_catches_a_flipped_byte_in_a_streamed_row_piece)
 K3_TEST(stream_checks_every_pass_of_a_streamed_piece)
 {
     const char *pk = packed_tiny();
-    k3_pk *p = NULL;
-    CHECK_EQ_INT(k3_pk_open(&p, pk, 0, NULL), 0);
-    const k3_pk_tensor *t = p ? k3_pk_tensor_find(p, "language_model.lm_head.weight") : NULL;
-    CHECK(t != NULL);
-    if (!t) {
-        k3_pk_close(p);
+    char base[256];
+    unsigned long long off;
+    if (!lm_head_byte(pk, base, sizeof base, 1, 3, 5, &off))
         return;
-    }
-    const char *path = k3_pk_file_at(p, k3_pk_unit_at(p, t->pieces[0].unit)->file)->path;
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    unsigned long long off = t->pieces[0].offset + t->nbytes / 3 + 5;
     char *err = NULL;
     CHECK_EQ_INT(k3t_runf(NULL, &err, "K3_FAULT=flip:%s:%llu:1000:2 k3-run %s --ids 3,1 --gen 4 --ram floor --ram-piece 8K",
                           base, off, pk),
                  5);
     CHECK_STR_CONTAINS(err, "(trunk of the head)");
     free(err);
-    k3_pk_close(p);
 }
 
 /* Sum of a view's bytes, for comparing against the resident source. */
