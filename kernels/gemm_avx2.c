@@ -309,6 +309,13 @@ AI void bq_tile(const float *wb, const float *const *x, float *acc, uint64_t ars
                 uint64_t pfn, int q, const int R, const int TB, const int MODE, const int DT)
 {
     const uint64_t gb = 32 * dt_size(DT);                /* bytes per group */
+    /* the next chunk's weights for these rows (the hardware prefetchers
+     * follow 12 row streams of 1-2 KiB poorly): lines q, q + 4, ... of each
+     * row in quarter q's pass, so that the four passes cover the chunk */
+    if (MODE == 2 && pf)
+        for (uint64_t i = 0; i < (uint64_t)R && i < pfn; i++)
+            for (uint64_t l = (uint64_t)q; l * 64 < ng * gb; l += 4)
+                _mm_prefetch((const char *)pf + i * srs + l * 64, _MM_HINT_T0);
     __m256 a[6][4];
 #pragma GCC unroll 6
     for (int i = 0; i < R; i++)
@@ -316,14 +323,6 @@ AI void bq_tile(const float *wb, const float *const *x, float *acc, uint64_t ars
         for (int j = 0; j < TB; j++)
             a[i][j] = _mm256_load_ps(acc + (uint64_t)i * ars + 32 * (uint64_t)j);
     for (uint64_t g = 0; g < ng; g++) {
-        /* the next chunk's weights for these rows (the hardware prefetchers
-         * follow 12 row streams of 1-2 KiB poorly): line 4g + q of each row
-         * in quarter q's pass, so that the four passes cover the chunk */
-        if (MODE == 2 && pf && (4 * g + (uint64_t)q) * 64 < ng * gb)
-#pragma GCC unroll 6
-            for (int i = 0; i < R; i++)
-                if ((uint64_t)i < pfn)
-                    _mm_prefetch((const char *)pf + (uint64_t)i * srs + (4 * g + (uint64_t)q) * 64, _MM_HINT_T0);
         if (MODE == 1) {
 #pragma GCC unroll 6
             for (int i = 0; i < R; i++) {
