@@ -441,11 +441,15 @@ static int bmx_decode(const uint8_t *packed, const uint8_t *scales, uint64_t col
         if (i >= np)
             continue;
         const uint8_t *sc = scales + (r + i) * groups, *p = packed + (r + i) * (cols / 2);
+        if (memchr(sc + g0, 255, g1 - g0)) {    /* rare: flag the groups of every row */
+            if (!any)
+                memset(skip, 0, BP * BCH);
+            any = 1;
+            for (uint64_t g = g0; g < g1; g++)
+                skip[i * BCH + (g - g0)] = sc[g] == 255;
+        }
         for (uint64_t g = g0; g < g1; g++) {
             float *o = wbuf + i * WB_ROW + (g - g0) * 8;
-            int sk = sc[g] == 255;
-            skip[i * BCH + (g - g0)] = (uint8_t)sk;
-            any |= sk;
             __m256 tab8 = _mm256_load_ps((const float *)k3_kern_mx_table8x[sc[g]]);
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++)
