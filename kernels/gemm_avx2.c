@@ -302,11 +302,13 @@ AI __m256 bq_weights(const uint8_t *src, int q, const int DT)
  * (row 0 at the chunk's first column, rows srs bytes apart) while it
  * multiplies, and stores them to wbuf for the other blocks, so that the
  * widening runs among the FMAs instead of in a pass of its own; it also
- * prefetches the next chunk's rows (row 0 at pf, pfn of them; pf NULL: none).
+ * prefetches the next chunk's rows (row 0 at pf, pfn of them, png groups
+ * each; pf NULL: none).
  */
 AI void bq_tile(const float *wb, const float *const *x, float *acc, uint64_t ars, uint64_t ng,
                 const uint8_t *skip, const uint8_t *src, uint64_t srs, const uint8_t *pf,
-                uint64_t pfn, int q, const int R, const int TB, const int MODE, const int DT)
+                uint64_t pfn, uint64_t png, int q, const int R, const int TB, const int MODE,
+                const int DT)
 {
     const uint64_t gb = 32 * dt_size(DT);                /* bytes per group */
     /* the next chunk's weights for these rows (the hardware prefetchers
@@ -314,7 +316,7 @@ AI void bq_tile(const float *wb, const float *const *x, float *acc, uint64_t ars
      * row in quarter q's pass, so that the four passes cover the chunk */
     if (MODE == 2 && pf)
         for (uint64_t i = 0; i < (uint64_t)R && i < pfn; i++)
-            for (uint64_t l = (uint64_t)q; l * 64 < ng * gb; l += 4)
+            for (uint64_t l = (uint64_t)q; l * 64 < png * gb; l += 4)
                 _mm_prefetch((const char *)pf + i * srs + l * 64, _MM_HINT_T0);
     __m256 a[6][4];
 #pragma GCC unroll 6
@@ -384,7 +386,7 @@ struct b_args {
     uint64_t cols, c0, ars, ng, srs;
     const uint8_t *src;                  /* MODE 2: row 0 of the tile at the chunk */
     const uint8_t *pf;                   /* MODE 2: row 0 of the tile at the next chunk, or NULL */
-    uint64_t pfn;                        /* rows of the next chunk from that row on */
+    uint64_t pfn, png;                   /* its rows from that row on, its groups */
 };
 
 AI void b_tile(const float *wb, const struct b_args *ba, uint32_t t, float *acc,
@@ -397,7 +399,7 @@ AI void b_tile(const float *wb, const struct b_args *ba, uint32_t t, float *acc,
         for (int j = 0; j < TB; j++)
             x[j] = ba->X + (uint64_t)(t + (uint32_t)j) * ba->cols + ba->c0 + 8 * (uint64_t)q;
         bq_tile(wb + (uint64_t)q * BCH * 8, x, acc + 8 * (uint64_t)q, ba->ars, ba->ng, skip,
-                ba->src, ba->srs, ba->pf, ba->pfn, q, R, TB, MODE, DT);
+                ba->src, ba->srs, ba->pf, ba->pfn, ba->png, q, R, TB, MODE, DT);
     }
 }
 
@@ -506,7 +508,8 @@ AI void b_rows(const void *W, const uint8_t *S, uint64_t rows, uint64_t cols, co
                 if (DT < 0)
                     sk = bmx_decode(W, S, cols, rp, np, g0, g1, wbuf, skip, pr, pn, pg,
                                     full - pg < BCH ? full : pg + BCH);
-                struct b_args ba = {X, cols, g0 * 32, (uint64_t)nt * 32, g1 - g0, srs, NULL, NULL, 0};
+                struct b_args ba = {X, cols, g0 * 32, (uint64_t)nt * 32, g1 - g0, srs, NULL, NULL, 0,
+                                    full - pg < BCH ? full - pg : BCH};
                 for (uint32_t b = 0, t = 0; b < nb; b++) {
                     uint32_t tb = (nt - t) / (nb - b) + ((nt - t) % (nb - b) != 0);
                     uint64_t R = (uint64_t)b_rtile[tb], i = 0;
