@@ -264,7 +264,8 @@ static void mx_tile_1x2(const uint8_t *packed, const uint8_t *scales, uint64_t r
  * since (bench/README.md, 2026-12-07): its decoding tiles spilled two
  * accumulators (a store and reload in their FMA chains every group); a
  * separate pass with the shuffle-free mx_quarter8 and the prefetch took
- * 3072 x 3584 T = 16 from 0.56-0.61 to 0.64-0.66 of the FMA peak.
+ * 3072 x 3584 T = 16 on 1 thread from 0.56-0.61 to 0.64-0.66 of the FMA
+ * peak in quiet runs (0.45-0.46 to 0.50-0.51 with the machine loaded).
  */
 #define BP 12
 #define BCH 16
@@ -443,7 +444,7 @@ static int bmx_decode(const uint8_t *packed, const uint8_t *scales, uint64_t col
         if (i >= np)
             continue;
         const uint8_t *sc = scales + (r + i) * groups, *p = packed + (r + i) * (cols / 2);
-        if (memchr(sc + g0, 255, g1 - g0)) {    /* rare: flag the groups of every row */
+        if (memchr(sc + g0, 255, g1 - g0)) {    /* rare: clear every row's flags once, then flag */
             if (!any)
                 memset(skip, 0, BP * BCH);
             any = 1;
