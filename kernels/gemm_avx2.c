@@ -9,11 +9,12 @@
  * f16 and f32 weights run the bf16 tiles with another widening step (F16C
  * vcvtph2ps, or a plain load): same lanes, same order.
  *
- * MXFP4 decode, 8 weights at a time: vpsrlvd (after a vpshufb when T > 1)
- * brings each weight's nibble to the bottom of a dword, vpermps looks up the
- * magnitude (low 3 bits) in the group's row of k3_kern_mx_table8x, and one xor
- * with the nibble shifted left by 28 restores the pre-xored bits and sets the
- * sign from bit 3 (so nibble 8 gives -0, exactly e2m1 * scale as in ref.c).
+ * MXFP4 decode, 8 weights at a time: vpsrlvd (after a vpshufb, or on a
+ * broadcast dword when T > 4) brings each weight's nibble to the bottom of a
+ * dword, vpermps looks up the magnitude (low 3 bits) in the group's row of
+ * k3_kern_mx_table8x, and one xor with the nibble shifted left by 28
+ * restores the pre-xored bits and sets the sign from bit 3 (so nibble 8
+ * gives -0, exactly e2m1 * scale as in ref.c).
  * T > 1 (MXFP4: T > 4) runs b_rows: register tiles over one lane quarter
  * at a time, the weights decoded once per panel and chunk (see below).
  */
@@ -243,23 +244,28 @@ static void mx_tile_1x2(const uint8_t *packed, const uint8_t *scales, uint64_t r
  * of the slice parked in accb; inside, chunks of BCH groups (32 columns);
  * inside, blocks of at most BTB vectors (sizes balanced: 16 = 4 x 4, 7 = 4 + 3)
  * and for each block the panel's rows in tiles of R = 12 / TB (6 at TB = 1;
- * BP is a multiple of every R; leftover rows run 1-row tiles). The first block of a
- * chunk decodes the weights (bf16 / f16 widening, f32 load, MXFP4 lookup)
- * while it multiplies and stores them as exact f32 in wbuf, quarter-major
- * ([row][quarter][group][8]); the other blocks read them from there, so the
- * decode is paid once per slice and runs among FMAs. A block's x slice of a
- * chunk (BTB * BCH * 128 bytes) and wbuf stay in L1.
- *
- * MXFP4 chunks holding a scale-255 group are decoded in a pass of their own
- * that flags those groups, and run tiles that leave their FMAs out (as in
- * ref.c). The bf16 / f16 / f32 column tail past the last full group runs once
- * per output with the blend of w_tile, then fold32. Stack: accb 48 KiB,
- * wbuf 24 KiB.
+ * BP is a multiple of every R; leftover rows run 1-row tiles). The weights
+ * of a chunk are stored as exact f32 in wbuf, quarter-major
+ * ([row][quarter][group][8]), and every block reads them from there, so the
+ * decode is paid once per slice: bf16 / f16 widening and f32 loads in the
+ * first block of the chunk, among its FMAs; MXFP4 in a pass of its own
+ * before the blocks (bmx_decode), which also flags scale-255 groups (their
+ * chunks run tiles that leave those FMAs out, as in ref.c). A block's x
+ * slice of a chunk (BTB * BCH * 128 bytes) and wbuf stay in L1. The weights
+ * of the next chunk (the next panel's first after the last) are prefetched
+ * during the decode. The bf16 / f16 / f32 column tail past the last full
+ * group runs once per output with the blend of w_tile, then fold32. Stack:
+ * accb 48 KiB, wbuf 24 KiB.
  *
  * Measured on 192 x 3584 MXFP4 and 48 x 7168 bf16 (L2-resident), 1 thread:
  * the quarter tiles with a separate decode pass took bf16 T = 16 from 52 to
  * 73 GFLOP/s; 4-vector blocks (3 x 4 tiles) rather than 6 (2 x 6) to 86;
- * the decode inside the first block to ~90 (MXFP4: 62 -> ~70).
+ * the decode inside the first block to ~90 (MXFP4: 62 -> ~70). MXFP4
+ * since (bench/README.md, 2026-12-07): its decoding tiles spilled two
+ * accumulators (a store and reload in their FMA chains every group); a
+ * separate pass with the shuffle-free mx_quarter8 and the prefetch took
+ * 3072 x 3584 T = 16 on 1 thread from 0.56-0.61 to 0.64-0.66 of the FMA
+ * peak in quiet runs (0.45-0.46 to 0.50-0.51 with the machine loaded).
  */
 #define BP 12
 #define BCH 16
@@ -267,17 +273,24 @@ static void mx_tile_1x2(const uint8_t *packed, const uint8_t *scales, uint64_t r
 #define BTB 4
 #define WB_ROW (4 * BCH * 8)             /* floats of one row in wbuf */
 
-/* The quarter-q weights of one group: DT < 0 decodes MXFP4 from the group's
- * 16 bytes at src with the scale byte at sc, else 8 dense weights at src. */
-AI __m256 bq_weights(const uint8_t *src, const uint8_t *sc, int q, const int DT)
+/* The 8 MXFP4 weights of quarter q from the group's 4 bytes 4q..4q+3: with
+ * the dword broadcast, nibble j (weight 8q + j, little-endian) is shifted
+ * to the bottom of dword j, so no byte shuffle is needed (one op fewer
+ * than mx_weights8, and the broadcast is a plain load). tab8 as there. */
+AI __m256 mx_quarter8(const uint8_t *p, int q, __m256 tab8)
 {
-    if (DT >= 0)
-        return w8(src + 8 * (uint64_t)q * dt_size(DT), DT);
-    const __m256i ctrl = _mm256_or_si256(_mm256_set1_epi32((int)0x80808000u),
-                                         _mm256_add_epi32(_mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3),
-                                                          _mm256_set1_epi32(4 * q)));
-    __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)src));
-    return mx_weights8(bytes, ctrl, _mm256_load_ps((const float *)k3_kern_mx_table8x[*sc]));
+    const __m256i shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    uint32_t d;
+    memcpy(&d, p + 4 * q, sizeof d);
+    __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32((int)d), shift);
+    return _mm256_xor_ps(_mm256_permutevar8x32_ps(tab8, idx),
+                         _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+/* The quarter-q weights of one group of a dense type at src, widened. */
+AI __m256 bq_weights(const uint8_t *src, int q, const int DT)
+{
+    return w8(src + 8 * (uint64_t)q * dt_size(DT), DT);
 }
 
 /*
@@ -286,16 +299,26 @@ AI __m256 bq_weights(const uint8_t *src, const uint8_t *sc, int q, const int DT)
  * acc: the parked lanes of (row 0, vector 0, quarter q), rows ars floats
  * apart, vectors 32 floats apart. MODE 0 reads the weights from wbuf; MODE 1
  * too, leaving out the groups flagged in skip[i * BCH + g]; MODE 2 is the
- * first block of a chunk: it decodes the weights from src (row 0 at the
- * chunk's first column, rows srs bytes apart; MXFP4 scales at sc, rows scs
- * apart) while it multiplies, and stores them to wbuf for the other blocks,
- * so that the decode runs among the FMAs instead of in a pass of its own.
+ * first block of a chunk of a dense type: it widens the weights from src
+ * (row 0 at the chunk's first column, rows srs bytes apart) while it
+ * multiplies, and stores them to wbuf for the other blocks, so that the
+ * widening runs among the FMAs instead of in a pass of its own; it also
+ * prefetches the next chunk's rows (row 0 at pf, pfn of them, png groups
+ * each; pf NULL: none).
  */
 AI void bq_tile(const float *wb, const float *const *x, float *acc, uint64_t ars, uint64_t ng,
-                const uint8_t *skip, const uint8_t *src, uint64_t srs, const uint8_t *sc,
-                uint64_t scs, int q, const int R, const int TB, const int MODE, const int DT)
+                const uint8_t *skip, const uint8_t *src, uint64_t srs, const uint8_t *pf,
+                uint64_t pfn, uint64_t png, int q, const int R, const int TB, const int MODE,
+                const int DT)
 {
-    const uint64_t gb = DT < 0 ? 16 : 32 * dt_size(DT < 0 ? 0 : DT);   /* bytes per group */
+    const uint64_t gb = 32 * dt_size(DT);                /* bytes per group */
+    /* the next chunk's weights for these rows (the hardware prefetchers
+     * follow 12 row streams of 1-2 KiB poorly): lines q, q + 4, ... of each
+     * row in quarter q's pass, so that the four passes cover the chunk */
+    if (MODE == 2 && pf)
+        for (uint64_t i = 0; i < (uint64_t)R && i < pfn; i++)
+            for (uint64_t l = (uint64_t)q; l * 64 < png * gb; l += 4)
+                _mm_prefetch((const char *)pf + i * srs + l * 64, _MM_HINT_T0);
     __m256 a[6][4];
 #pragma GCC unroll 6
     for (int i = 0; i < R; i++)
@@ -318,7 +341,7 @@ AI void bq_tile(const float *wb, const float *const *x, float *acc, uint64_t ars
 #pragma GCC unroll 6
             for (int i = 0; i < R; i++) {
                 if (MODE == 2) {
-                    w[i] = bq_weights(src + (uint64_t)i * srs + g * gb, sc + (uint64_t)i * scs + g, q, DT);
+                    w[i] = bq_weights(src + (uint64_t)i * srs + g * gb, q, DT);
                     _mm256_store_ps((float *)wb + (uint64_t)i * WB_ROW + g * 8, w[i]);
                 } else {
                     w[i] = _mm256_load_ps(wb + (uint64_t)i * WB_ROW + g * 8);
@@ -340,7 +363,7 @@ AI void bq_tile(const float *wb, const float *const *x, float *acc, uint64_t ars
             for (int i = 0; i < R; i++) {
                 __m256 w;
                 if (MODE == 2) {
-                    w = bq_weights(src + (uint64_t)i * srs + g * gb, sc + (uint64_t)i * scs + g, q, DT);
+                    w = bq_weights(src + (uint64_t)i * srs + g * gb, q, DT);
                     _mm256_store_ps((float *)wb + (uint64_t)i * WB_ROW + g * 8, w);
                 } else {
                     w = _mm256_load_ps(wb + (uint64_t)i * WB_ROW + g * 8);
@@ -361,8 +384,10 @@ AI void bq_tile(const float *wb, const float *const *x, float *acc, uint64_t ars
 /* The four quarters of an R x TB tile over one chunk (see bq_tile). */
 struct b_args {
     const float *X;
-    uint64_t cols, c0, ars, ng, srs, scs;
-    const uint8_t *src, *sc;             /* MODE 2: row 0 of the tile at the chunk */
+    uint64_t cols, c0, ars, ng, srs;
+    const uint8_t *src;                  /* MODE 2: row 0 of the tile at the chunk */
+    const uint8_t *pf;                   /* MODE 2: row 0 of the tile at the next chunk, or NULL */
+    uint64_t pfn, png;                   /* its rows from that row on, its groups */
 };
 
 AI void b_tile(const float *wb, const struct b_args *ba, uint32_t t, float *acc,
@@ -375,7 +400,7 @@ AI void b_tile(const float *wb, const struct b_args *ba, uint32_t t, float *acc,
         for (int j = 0; j < TB; j++)
             x[j] = ba->X + (uint64_t)(t + (uint32_t)j) * ba->cols + ba->c0 + 8 * (uint64_t)q;
         bq_tile(wb + (uint64_t)q * BCH * 8, x, acc + 8 * (uint64_t)q, ba->ars, ba->ng, skip,
-                ba->src, ba->srs, ba->sc, ba->scs, q, R, TB, MODE, DT);
+                ba->src, ba->srs, ba->pf, ba->pfn, ba->png, q, R, TB, MODE, DT);
     }
 }
 
@@ -393,38 +418,45 @@ typedef void (*b_tile_fn)(const float *, const struct b_args *, uint32_t, float 
         {N##_6x1, N##_1x1}, {N##_6x2, N##_1x2}, {N##_4x3, N##_1x3}, {N##_3x4, N##_1x4}};
 B_TILES(bt_buf, 0, 0)
 B_TILES(bt_skip, 1, 0)
-B_TILES(bt_dec_mx, 2, -1)
 B_TILES(bt_dec_bf16, 2, DT_BF16)
 B_TILES(bt_dec_f16, 2, DT_F16)
 B_TILES(bt_dec_f32, 2, DT_F32)
 static const int b_rtile[BTB + 1] = {0, 6, 6, 4, 3};
 
-/* Decodes groups [g0, g1) of MXFP4 rows [r, r + np); returns 1 if one of
- * them has scale 255 (flagged in skip[i * BCH + g - g0]). */
+/* Decodes groups [g0, g1) of MXFP4 rows [r, r + np) into wbuf; returns 1 if
+ * one of them has scale 255 (flagged in skip[i * BCH + g - g0]). Row i's
+ * bytes and scales of the chunk to come (rows [pr, pr + pn), groups [pg0,
+ * pg1)) are prefetched as row i is decoded: 4 short lines per row are too
+ * few for the hardware prefetchers to follow. */
 static int bmx_decode(const uint8_t *packed, const uint8_t *scales, uint64_t cols, uint64_t r,
-                      uint64_t np, uint64_t g0, uint64_t g1, float *wbuf, uint8_t *skip)
+                      uint64_t np, uint64_t g0, uint64_t g1, float *wbuf, uint8_t *skip,
+                      uint64_t pr, uint64_t pn, uint64_t pg0, uint64_t pg1)
 {
-    const __m256i Z = _mm256_set1_epi32((int)0x80808000u);
-    const __m256i ctrl[4] = {
-        _mm256_or_si256(Z, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)),
-        _mm256_or_si256(Z, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)),
-        _mm256_or_si256(Z, _mm256_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11)),
-        _mm256_or_si256(Z, _mm256_setr_epi32(12, 12, 13, 13, 14, 14, 15, 15)),
-    };
     uint64_t groups = cols / 32;
     int any = 0;
-    for (uint64_t i = 0; i < np; i++) {
+    for (uint64_t i = 0; i < np || i < pn; i++) {
+        if (i < pn) {
+            const char *pp = (const char *)(packed + (pr + i) * (cols / 2));
+            for (uint64_t b = pg0 * 16 & ~(uint64_t)63; b < pg1 * 16; b += 64)
+                _mm_prefetch(pp + b, _MM_HINT_T0);
+            _mm_prefetch((const char *)(scales + (pr + i) * groups + pg0), _MM_HINT_T0);
+        }
+        if (i >= np)
+            continue;
         const uint8_t *sc = scales + (r + i) * groups, *p = packed + (r + i) * (cols / 2);
+        if (memchr(sc + g0, 255, g1 - g0)) {    /* rare: clear every row's flags once, then flag */
+            if (!any)
+                memset(skip, 0, BP * BCH);
+            any = 1;
+            for (uint64_t g = g0; g < g1; g++)
+                skip[i * BCH + (g - g0)] = sc[g] == 255;
+        }
         for (uint64_t g = g0; g < g1; g++) {
             float *o = wbuf + i * WB_ROW + (g - g0) * 8;
-            int sk = sc[g] == 255;
-            skip[i * BCH + (g - g0)] = (uint8_t)sk;
-            any |= sk;
             __m256 tab8 = _mm256_load_ps((const float *)k3_kern_mx_table8x[sc[g]]);
-            __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + g * 16)));
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++)
-                _mm256_store_ps(o + (uint64_t)q * BCH * 8, mx_weights8(bytes, ctrl[q], tab8));
+                _mm256_store_ps(o + (uint64_t)q * BCH * 8, mx_quarter8(p + g * 16, q, tab8));
         }
     }
     return any;
@@ -449,27 +481,16 @@ AI float b_tail_fold(const float *acc, const char *wt, const float *x, uint64_t 
     return fold32(a);
 }
 
-/* 1 if one of rows [r, r + np) has scale 255 in groups [g0, g1). */
-static int bmx_any255(const uint8_t *scales, uint64_t groups, uint64_t r, uint64_t np,
-                      uint64_t g0, uint64_t g1)
-{
-    for (uint64_t i = 0; i < np; i++)
-        if (memchr(scales + (r + i) * groups + g0, 255, g1 - g0))
-            return 1;
-    return 0;
-}
-
 /* DT < 0: MXFP4 (W is packed, S the scales); else a DT_* dense type. */
 AI void b_rows(const void *W, const uint8_t *S, uint64_t rows, uint64_t cols, const float *X,
                uint32_t T, float *Y, uint64_t r0, uint64_t r1, const int DT)
 {
     const int dt = DT < 0 ? 0 : DT;
-    const b_tile_fn(*dec)[2] = DT < 0 ? bt_dec_mx : DT == DT_BF16 ? bt_dec_bf16
-                             : DT == DT_F16 ? bt_dec_f16 : bt_dec_f32;
+    const b_tile_fn(*dec)[2] = DT == DT_F16 ? bt_dec_f16 : DT == DT_F32 ? bt_dec_f32 : bt_dec_bf16;
     _Alignas(32) float accb[BP * BTS * 32];
     _Alignas(32) float wbuf[BP * WB_ROW];
     uint8_t skip[BP * BCH];
-    uint64_t full = cols / 32, groups = cols / 32;
+    uint64_t full = cols / 32;
     const uint8_t *src0 = W;
     uint64_t srs = DT < 0 ? cols / 2 : cols * dt_size(dt), gb = DT < 0 ? 16 : 32 * dt_size(dt);
     for (uint64_t rp = r0; rp < r1; rp += BP) {
@@ -480,18 +501,25 @@ AI void b_rows(const void *W, const uint8_t *S, uint64_t rows, uint64_t cols, co
             memset(accb, 0, np * nt * 32 * sizeof(float));
             for (uint64_t g0 = 0; g0 < full; g0 += BCH) {
                 uint64_t g1 = full - g0 < BCH ? full : g0 + BCH;
-                int sk = DT < 0 && bmx_any255(S, groups, rp, np, g0, g1);
-                if (sk)
-                    bmx_decode(W, S, cols, rp, np, g0, g1, wbuf, skip);
-                struct b_args ba = {X, cols, g0 * 32, (uint64_t)nt * 32, g1 - g0, srs, groups, NULL, NULL};
+                /* the chunk to prefetch: the next one of this panel, else the
+                 * first of the next panel (pn = 0: none) */
+                uint64_t pr = g1 < full ? rp : rp + BP, pg = g1 < full ? g1 : 0;
+                uint64_t pn = pr < r1 ? (r1 - pr < BP ? r1 - pr : BP) : 0;
+                int sk = 0;
+                if (DT < 0)
+                    sk = bmx_decode(W, S, cols, rp, np, g0, g1, wbuf, skip, pr, pn, pg,
+                                    full - pg < BCH ? full : pg + BCH);
+                struct b_args ba = {X, cols, g0 * 32, (uint64_t)nt * 32, g1 - g0, srs, NULL, NULL, 0,
+                                    full - pg < BCH ? full - pg : BCH};
                 for (uint32_t b = 0, t = 0; b < nb; b++) {
                     uint32_t tb = (nt - t) / (nb - b) + ((nt - t) % (nb - b) != 0);
                     uint64_t R = (uint64_t)b_rtile[tb], i = 0;
-                    const b_tile_fn *tf = sk ? bt_skip[tb] : b == 0 ? dec[tb] : bt_buf[tb];
+                    const b_tile_fn *tf = sk ? bt_skip[tb] : b == 0 && DT >= 0 ? dec[tb] : bt_buf[tb];
                     while (i < np) {             /* R-row tiles, then single rows */
                         int one = i + R > np;
                         ba.src = src0 + (rp + i) * srs + g0 * gb;
-                        ba.sc = DT < 0 ? S + (rp + i) * groups + g0 : NULL;
+                        ba.pfn = pn > i ? pn - i : 0;
+                        ba.pf = ba.pfn ? src0 + (pr + i) * srs + pg * gb : NULL;
                         tf[one](wbuf + i * WB_ROW, &ba, ts + t, accb + (i * nt + t) * 32, skip + i * BCH);
                         i += one ? 1 : R;
                     }
