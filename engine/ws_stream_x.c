@@ -18,6 +18,13 @@ void k3_wss_io_count(ws_stream *w)
     w->io_t = now;
 }
 
+/* A read starts (+1) or ends (-1), x_mu held. */
+static void io_busy_add(ws_stream *w, int d)
+{
+    k3_wss_io_count(w);
+    w->io_busy = (uint32_t)((int)w->io_busy + d);
+}
+
 /* The I/O threads. Order of work: expert records the model will wait for,
  * then the trunk group the reader is loading, then records read on a guess
  * (so a guess only uses time the device would otherwise be idle). */
@@ -33,13 +40,11 @@ void *k3_wss_io_main(void *arg)
         if (b) {
             tchunk *c = &b->tc[b->next++];
             int want_crc = c->rc;
-            k3_wss_io_count(w);
-            w->io_busy++;
+            io_busy_add(w, 1);
             pthread_mutex_unlock(&w->x_mu);
             c->rc = k3_pk_read(w->pk, c->file, c->dst, c->n, c->off, NULL, 0, &c->err);
             pthread_mutex_lock(&w->x_mu);   /* the read is done; its CRC is not the device's time */
-            k3_wss_io_count(w);
-            w->io_busy--;
+            io_busy_add(w, -1);
             pthread_mutex_unlock(&w->x_mu);
             if (c->rc == 0 && want_crc) {
                 uint64_t lo = c->cb > c->ca ? c->ca : c->off, hi = c->cb > c->ca ? c->cb : c->off + c->n;
@@ -66,8 +71,7 @@ void *k3_wss_io_main(void *arg)
         xslot *x = &w->xs[s];
         x->queued = Q_NONE;
         uint32_t layer = x->layer, expert = x->expert;
-        k3_wss_io_count(w);
-        w->io_busy++;
+        io_busy_add(w, 1);
         pthread_mutex_unlock(&w->x_mu);
         k3_err err = {0};
         int rc = k3_pk_read_record(w->pk, layer, expert, w->xarena + (uint64_t)s * w->lay->stride, 1, &err);
@@ -77,8 +81,7 @@ void *k3_wss_io_main(void *arg)
             err_wrap(&err, rc, what);
         }
         pthread_mutex_lock(&w->x_mu);
-        k3_wss_io_count(w);
-        w->io_busy--;
+        io_busy_add(w, -1);
         if (rc < 0) {
             x->state = X_ERROR;
             x->rc = rc;
