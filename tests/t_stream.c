@@ -383,6 +383,23 @@ K3_TEST(stream_reads_pieces_in_the_order_the_model_uses_them)
     free(out);
 }
 
+/* The decode's device line: a share of time with no read in flight, and a
+ * mean depth while busy of at least one read and at most the four I/O
+ * threads (a read counted in and never out would push it past them). */
+K3_TEST(stream_report_counts_the_device_idle_time_and_depth)
+{
+    const char *pk = packed_tiny();
+    char *out = NULL;
+    CHECK_EQ_INT(k3t_runf(&out, NULL, "k3-run %s --ids 3,1,4 --gen 6 --ram floor --ram-piece 8K --json", pk), 0);
+    cJSON *j = cJSON_Parse(out);
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "stream");
+    const double idle = jnum(s, "decode", "io_idle_share"), depth = jnum(s, "decode", "io_depth");
+    CHECK(idle >= 0.0 && idle <= 1.0);
+    CHECK(depth >= 1.0 && depth <= 4.0);
+    cJSON_Delete(j);
+    free(out);
+}
+
 K3_TEST(stream_two_piece_ring_never_overwrites_the_piece_in_use)
 {
     const char *pk = packed_tiny();

@@ -212,5 +212,9 @@ K3_TEST(stream_guess_is_mostly_right_on_a_trained_model)
     CHECK(q > 0 && req > 0);
     CHECK(right >= 0.8 * q);     /* of the guesses read, right */
     CHECK(right >= 0.8 * req);   /* of the records the routing asked for, guessed */
+    /* the wrong ones still queued when the layer routes are dropped unread
+     * (19-48 of ~56 wrong per run here: the device is busy with the trunk) */
+    CHECK(decode_num(out, "guess_dropped") > 0);
+    CHECK(right + decode_num(out, "guess_dropped") <= q);
     free(out);
 }
