@@ -15,7 +15,9 @@
  * The prediction adds, per pass over the weights: the plan's streamed trunk
  * bytes at the trunk rate and the expert records it misses at the expert
  * rate (reads), and every weight byte the pass multiplies at the kernels'
- * seconds per byte for its row count (compute). A decode pass is one id, the
+ * seconds per byte for its row count plus the CRC of every byte it reads
+ * (compute; the CRC's CPU time over the cores when the run's threads take
+ * them all, the products then wait for it; timed over the same pool). A decode pass is one id, the
  * cache hitting in proportion to its share of all records. A prompt is the
  * given ids in passes of the chunk: the trunk once per pass (the head, which
  * only the last pass asks for, once, for one row), and per pass the union of
@@ -41,6 +43,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "k3_crc.h"
 #include "k3_engine.h"
 #include "k3_io.h"
 #include "k3_kern.h"
@@ -291,6 +294,8 @@ static double time_product(int mx, const uint8_t *pool, uint64_t bytes, uint32_t
     return t[n / 2] / (double)bytes;
 }
 
+static volatile uint32_t crc_sink;   /* keeps the timed CRC */
+
 static int probe_kernels(const k3_cfg *c, k3_probe *p, k3_err *e)
 {
     const uint64_t rows = PROBE_ROWS, mrows = 2 * PROBE_ROWS, cols = c->hidden_size >= 32 ? c->hidden_size / 32 * 32 : 32;
@@ -313,6 +318,18 @@ static int probe_kernels(const k3_cfg *c, k3_probe *p, k3_err *e)
     }
     for (int i = 0; i < K3_PROBE_NT; i++)
         p->bf16_s[i] = time_product(0, pool, bb, cb, rows, cols, X, 1u << i, Y);
+    /* the CRC every byte read gets, over the pool (most of it not in any
+     * cache, as bytes a read has just put in memory): median of 3 */
+    double ct[3];
+    for (int r = 0; r < 3; r++) {
+        double t0 = k3_now_s();
+        crc_sink = k3_crc32(0, pool, (size_t)cb * bb);
+        ct[r] = k3_now_s() - t0;
+    }
+    qsort(ct, 3, sizeof *ct, cmp_d);
+    p->crc_s = ct[1] / (double)((uint64_t)cb * bb);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    p->crc_share = cores > 0 && omp_get_max_threads() >= cores ? 1.0 / (double)cores : 0;
     /* MXFP4: random nibbles, scale bytes 120..126 (no denormal, no 255) */
     for (uint32_t k = 0; k < cm; k++) {
         uint8_t *w = pool + (uint64_t)k * mb;
@@ -454,10 +471,13 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
     const double hit = all > 0 ? fmin(1.0, plan->expert_slots / all) : 1;
     const double trunk_read = (double)plan->trunk_streamed / p->trunk_bps;
     /* decode: one id, the cache hitting in proportion to its share of all records */
+    /* every byte read is CRC'd on the cores the products run on */
+    const double crc = p->crc_s * p->crc_share, trunk_crc = p->no_trunk_crc ? 0 : crc;
     out->decode_io = trunk_read + (p->expert_bps > 0 ? n_moe * k * (1 - hit) * rec / p->expert_bps : 0);
-    out->decode_compute = (double)plan->trunk_total * per_byte(p->bf16_s, 1) + n_moe * k * rec * per_byte(p->mx_s, 1);
+    const double dmem = (double)plan->trunk_total * per_byte(p->bf16_s, 1) + n_moe * k * rec * per_byte(p->mx_s, 1);
+    out->decode_compute = dmem + (double)plan->trunk_streamed * trunk_crc + n_moe * k * (1 - hit) * rec * crc;
     out->decode_s = out->decode_io + out->decode_compute;
-    out->decode_bound = bound_of(out->decode_io, out->decode_compute, out->decode_compute);
+    out->decode_bound = bound_of(out->decode_io, dmem, out->decode_compute);
     /* prompt: passes of `chunk` ids; the trunk read and multiplied once per
        pass, the head (its rows only) in the last pass alone, which alone asks
        for logits */
@@ -473,13 +493,14 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
         const uint32_t C = n - b < chunk ? n - b : chunk;
         const int last = b + C >= n;
         io += ((double)plan->trunk_streamed - (last ? 0 : head_streamed)) / p->trunk_bps;
-        comp += ((double)plan->trunk_total - head) * per_byte(p->bf16_s, C) + (last ? head * p->bf16_s[0] : 0);
+        comp += ((double)plan->trunk_total - head) * per_byte(p->bf16_s, C) + (last ? head * p->bf16_s[0] : 0) +
+                ((double)plan->trunk_streamed - (last ? 0 : head_streamed)) * trunk_crc;
         mem += ((double)plan->trunk_total - head) * p->bf16_s[0] + (last ? head * p->bf16_s[0] : 0);
     }
     k3_probe_xcost x;
     k3_probe_prompt_experts(p, c, r, n, chunk, plan->expert_slots, &x);
     io += p->expert_bps > 0 ? x.misses * rec / p->expert_bps : 0;
-    comp += x.compute_s;
+    comp += x.compute_s + x.misses * rec * crc;
     mem += x.mem_s;
     out->passes = x.passes;
     out->experts_per_pass = x.passes ? x.records / x.passes : 0;
@@ -540,6 +561,7 @@ int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_si
     int rc = k3_probe_run(dir, &c, &p, e);
     if (rc < 0)
         return rc;
+    p.no_trunk_crc = !eo->trunk_crc;
     k3_probe_routes r;
     if (ids && n_ids && (rc = k3_probe_routes_read(dir, ids, n_ids, &r, e)) < 0)
         return rc;
@@ -556,6 +578,9 @@ int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_si
                "T = 64 / 256; MXFP4 %.1f GB/s at T = 1, %.1f / %.1f GFLOP/s at T = 64 / 256\n",
             pre, omp_get_max_threads(), 1 / p.bf16_s[0] / G, 64.0 / p.bf16_s[6] / G, 256.0 / p.bf16_s[8] / G,
             1 / p.mx_s[0] / G, 2.0 * 64 * 32 / 17 / p.mx_s[6] / G, 2.0 * 256 * 32 / 17 / p.mx_s[8] / G);
+    fprintf(f, "%sprobe: CRC of bytes read %.1f GB/s on one core; %s\n", pre, 1 / p.crc_s / G,
+            p.crc_share > 0 ? "the run's threads take every core, so the products wait for it"
+                            : "a core the run's threads leave free does it");
     if (r.n_layers) {
         uint32_t *seen = calloc(c.num_experts, sizeof *seen);
         double u = 0;   /* distinct experts over the whole prompt, per sampled layer */

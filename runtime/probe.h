@@ -27,6 +27,10 @@ typedef struct k3_probe {
     int direct;                        /* the reads bypassed the page cache */
     double bf16_s[K3_PROBE_NT];        /* seconds per weight byte at T = 1 << i */
     double mx_s[K3_PROBE_NT];
+    double crc_s;                      /* seconds per byte of the CRC every byte read gets */
+    double crc_share;                  /* of the CRC's CPU time, what the products wait: 1 / cores
+                                        * when the run's threads take every core, else 0 */
+    int no_trunk_crc;                  /* --no-trunk-crc: streamed trunk bytes are not CRC'd */
     double seconds;                    /* what the probe took */
 } k3_probe;
 

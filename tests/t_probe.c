@@ -107,6 +107,42 @@ K3_TEST(probe_predict_adds_reads_and_products_and_names_the_largest)
     CHECK_STR_EQ(k3_probe_bound_name(q.prompt_bound), "compute");
 }
 
+/* Every byte read is CRC'd on the cores the products run on: its CPU time,
+ * times the share the products wait for, is charged to compute (prompt and
+ * decode), the trunk's part not with --no-trunk-crc; the bound still weighs
+ * the products alone against the reads. */
+K3_TEST(probe_predict_charges_the_crc_of_every_byte_read)
+{
+    k3_cfg c;
+    k3_probe p;
+    fake(&c, &p);
+    uint32_t sel[8] = {1, 2, 2, 1, 1, 2, 2, 1};
+    k3_probe_routes r = {.n_ids = 4, .top_k = 2, .num_experts = 8, .n_moe = 2, .n_layers = 1, .sel = sel};
+    k3_stream_plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.ngroups = 4;
+    pl.expert_slots = 2;
+    pl.trunk_total = 1000000;
+    pl.trunk_streamed = 500000;
+    pl.pinned[3] = 1;
+    k3_probe_pred a, b, d;
+    k3_probe_predict(&p, &c, &pl, 4, 4, &r, &a);
+    p.crc_s = 1e-9;
+    p.crc_share = 0.5;
+    k3_probe_predict(&p, &c, &pl, 4, 4, &r, &b);
+    /* prompt: one pass reads the streamed trunk and 4 records of 1000 bytes */
+    CHECK(fabs(b.prompt_compute - a.prompt_compute - (500000 + 4000) * 0.5e-9 / 4) < 1e-15);
+    CHECK(fabs(b.prompt_io - a.prompt_io) < 1e-15);
+    /* decode: the trunk and the k records of each of the 2 MoE layers (the
+     * cache holds 2 of 16: 7/8 miss) */
+    CHECK(fabs(b.decode_compute - a.decode_compute - (500000 + 2 * 2 * 1000 * 0.875) * 0.5e-9) < 1e-15);
+    CHECK_EQ_INT(b.decode_bound, a.decode_bound);
+    p.no_trunk_crc = 1;
+    k3_probe_predict(&p, &c, &pl, 4, 4, &r, &d);
+    CHECK(fabs(d.decode_compute - a.decode_compute - 2 * 2 * 1000 * 0.875 * 0.5e-9) < 1e-15);
+    CHECK(fabs(d.prompt_compute - a.prompt_compute - 4000 * 0.5e-9 / 4) < 1e-15);
+}
+
 /* On a --sparse-live model the estimate is exact: the experts per pass the
  * probe prints are the records the run asks for (one pass, cold cache). */
 K3_TEST(probe_routes_match_the_run_on_a_sparse_live_model)
