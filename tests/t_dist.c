@@ -160,14 +160,30 @@ static int running(int pid)
     return !z;
 }
 
-/* A long run of 3 ranks; sig goes to rank 2 once it is running; the job
- * must end within 60 s. *err: its stderr. */
+/* Commas in the file at path: the ids printed so far, less one. */
+static int commas(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0, ch;
+    if (!f)
+        return 0;
+    while ((ch = fgetc(f)) != EOF)
+        n += ch == ',';
+    fclose(f);
+    return n;
+}
+
+/* A long run of 3 ranks; sig goes to rank 2 once the job has decoded (every
+ * rank past its start, in the steps' collectives: a rank stopped before
+ * MPI is up leaves the others waiting where no timeout of k3's runs); the
+ * job must end within 60 s. *err: its stderr. */
 static void hit_rank(const char *dir, int sig, const char *timeout, char **err)
 {
-    char cmd[8192];
+    char cmd[8192], ids[4200];
+    snprintf(ids, sizeof ids, "%s/out", dir);
     snprintf(cmd, sizeof cmd,
              "K3_DIST_TIMEOUT=%s " MPIRUN " -np 3 k3-run-mpi %s/pk --ids 1,2,3 --gen 100000 --ram floor "
-             "> /dev/null 2> %s/err & echo $!", timeout, dir, dir);
+             "> %s 2> %s/err & echo $!", timeout, dir, ids, dir);
     char *out = NULL;
     CHECK_EQ_INT(k3t_run(cmd, &out, NULL), 0);
     int job = atoi(out ? out : "0");
@@ -179,7 +195,9 @@ static void hit_rank(const char *dir, int sig, const char *timeout, char **err)
         victim = rank_pid(dir, 2);
     }
     CHECK(victim > 0);
-    usleep(500000);   /* well into decoding */
+    for (int i = 0; i < 1200 && commas(ids) < 2; i++)   /* three ids out: decoding */
+        usleep(50000);
+    CHECK(commas(ids) >= 2);
     kill(victim, sig);
     int alive = 1;
     for (int i = 0; i < 600 && alive; i++) {   /* at most 60 s */
