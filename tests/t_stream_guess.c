@@ -197,9 +197,8 @@ K3_TEST(stream_prefetch_hands_out_held_records_first)
     k3_ws_close(ws);
 }
 
-/* On trained routing the hidden state before the attention routes much as
- * after it: most guesses are right (91 % measured, runtime/STREAM.md). */
-K3_TEST(stream_guess_is_mostly_right_on_a_trained_model)
+/* The trained model's decode at the floor, --json on stdout. */
+static char *guess_run(void)
 {
     const char *pk = convert("%s/models/kjv-tiny%.0s", "kjv");
     char *out = NULL;
@@ -207,14 +206,33 @@ K3_TEST(stream_guess_is_mostly_right_on_a_trained_model)
                                       "--chunk 1 --json",
                           pk),
                  0);
+    return out;
+}
+
+/* On trained routing the hidden state before the attention routes much as
+ * after it: most guesses are right (91 % measured, runtime/STREAM.md). */
+K3_TEST(stream_guess_is_mostly_right_on_a_trained_model)
+{
+    char *out = guess_run();
     double q = decode_num(out, "guess_queued"), right = decode_num(out, "guess_right");
     double req = decode_num(out, "expert_requests");
     CHECK(q > 0 && req > 0);
     CHECK(right >= 0.8 * q);     /* of the guesses read, right */
     CHECK(right >= 0.8 * req);   /* of the records the routing asked for, guessed */
-    /* the wrong ones still queued when the layer routes are dropped unread
-     * (19-48 of ~56 wrong per run here: the device is busy with the trunk) */
-    CHECK(decode_num(out, "guess_dropped") > 0);
     CHECK(right + decode_num(out, "guess_dropped") <= q);
+    free(out);
+}
+
+/* The wrong guesses still queued when the layer routes are dropped unread:
+ * 19-48 of ~56 wrong per run here, the device busy with the trunk. How many
+ * are still queued depends on the compute's speed against the device's
+ * (emulated, every guess is read long before the routing). */
+K3_TEST(stream_wrong_guesses_still_queued_are_dropped_unread)
+{
+    char *out = guess_run();
+    double q = decode_num(out, "guess_queued"), right = decode_num(out, "guess_right");
+    double dropped = decode_num(out, "guess_dropped");
+    CHECK(dropped > 0);
+    CHECK(right + dropped <= q);
     free(out);
 }
