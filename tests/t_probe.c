@@ -32,6 +32,24 @@ static void fake(k3_cfg *c, k3_probe *p)
         p->bf16_s[i] = p->mx_s[i] = 1e-9;
 }
 
+/* 4 ids routed to experts 1 and 2 in the one sampled layer of the two */
+static uint32_t fake_sel[8] = {1, 2, 2, 1, 1, 2, 2, 1};
+static const k3_probe_routes fake_routes = {
+    .n_ids = 4, .top_k = 2, .num_experts = 8, .n_moe = 2, .n_layers = 1, .sel = fake_sel};
+
+/* A plan of 4 groups, the head pinned (nothing skipped when a pass asks no
+ * logits), one expert slot a layer (every request misses), 1 MB of trunk of
+ * which `streamed` bytes go through the ring. */
+static void fake_plan(k3_stream_plan *pl, uint64_t streamed)
+{
+    memset(pl, 0, sizeof *pl);
+    pl->ngroups = 4;
+    pl->expert_slots = 2;
+    pl->trunk_total = 1000000;
+    pl->trunk_streamed = streamed;
+    pl->pinned[3] = 1;
+}
+
 K3_TEST(probe_prompt_experts_are_the_routed_union_read_cold_then_cached)
 {
     k3_cfg c;
@@ -79,15 +97,9 @@ K3_TEST(probe_predict_adds_reads_and_products_and_names_the_largest)
     k3_cfg c;
     k3_probe p;
     fake(&c, &p);
-    uint32_t sel[8] = {1, 2, 2, 1, 1, 2, 2, 1};
-    k3_probe_routes r = {.n_ids = 4, .top_k = 2, .num_experts = 8, .n_moe = 2, .n_layers = 1, .sel = sel};
+    const k3_probe_routes r = fake_routes;
     k3_stream_plan pl;
-    memset(&pl, 0, sizeof pl);
-    pl.ngroups = 4;
-    pl.expert_slots = 2;   /* one a layer: every request misses */
-    pl.trunk_total = 1000000;
-    pl.pinned[3] = 1;      /* the head pinned: nothing skipped when a pass asks no logits */
-    pl.trunk_streamed = 0;
+    fake_plan(&pl, 0);
     k3_probe_pred q;
     /* one pass of 4: 4 records read at 1 MB/s = 4 ms; products 1 ms trunk + 4 us experts */
     k3_probe_predict(&p, &c, &pl, 4, 4, &r, &q);
@@ -116,15 +128,9 @@ K3_TEST(probe_predict_charges_the_crc_of_every_byte_read)
     k3_cfg c;
     k3_probe p;
     fake(&c, &p);
-    uint32_t sel[8] = {1, 2, 2, 1, 1, 2, 2, 1};
-    k3_probe_routes r = {.n_ids = 4, .top_k = 2, .num_experts = 8, .n_moe = 2, .n_layers = 1, .sel = sel};
+    const k3_probe_routes r = fake_routes;
     k3_stream_plan pl;
-    memset(&pl, 0, sizeof pl);
-    pl.ngroups = 4;
-    pl.expert_slots = 2;
-    pl.trunk_total = 1000000;
-    pl.trunk_streamed = 500000;
-    pl.pinned[3] = 1;
+    fake_plan(&pl, 500000);
     k3_probe_pred a, b, d;
     k3_probe_predict(&p, &c, &pl, 4, 4, &r, &a);
     p.crc_s = 1e-9;
