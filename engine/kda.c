@@ -119,6 +119,7 @@ int k3_kda_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
             for (uint32_t i = 0; i < D; i++) {
                 float *row = S + (uint64_t)i * D;
                 const double di = decay[i], ki = k[i];
+                _Pragma("omp simd")
                 for (uint32_t j = 0; j < D; j++) {
                     row[j] = (float)((double)row[j] * di);
                     u[j] += (double)row[j] * ki;
@@ -131,6 +132,7 @@ int k3_kda_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
             for (uint32_t i = 0; i < D; i++) {
                 float *row = S + (uint64_t)i * D;
                 const double ki = k[i], qi = q[i];
+                _Pragma("omp simd")
                 for (uint32_t j = 0; j < D; j++) {
                     row[j] = (float)((double)row[j] + ki * dl[j]);
                     o[j] += (double)row[j] * qi;

@@ -10,9 +10,10 @@
  *   o_lat_h[c] = sum_s p_s * lat_s[c]                     s ascending, float
  *   o_h        = Wvb_h . o_lat_h                          (k3 kernel)
  * dot() is k3_mla_dot: eight interleaved float partial sums combined in a fixed
- * tree. Every (row, head) pair is independent and is one unit of parallel
- * work; a row attends over its own session's cache (the segment it belongs
- * to, m->rowseg), never another's.
+ * tree. The absorption runs per head over blocks of rows (the head's slice
+ * of W_kv_b read once per block); the rest, every (row, head) pair, is one
+ * unit of parallel work. A row attends over its own session's cache (the
+ * segment it belongs to, m->rowseg), never another's.
  */
 #include <omp.h>
 #include <string.h>
@@ -55,6 +56,42 @@ static float k3_mla_dot(const float *a, const float *b, uint32_t n)
     return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
 }
 
+/* Rows the absorption takes per head at a time: their queries and latents
+ * (2 x 16 x KVL floats) stay in L1/L2 while the head's slice of kv_b passes. */
+#define MLA_ROW_BLOCK 16u
+
+/* ql_t[c] = sum_r W[row0 + r][c] * q_t[r] for rows t in [t0, t1): r outer,
+ * so each row of W is widened once for the block; every sum is still over r
+ * ascending in float, the same bits as one row at a time. q_t = q + t *
+ * q_stride, ql_t = ql + t * ql_stride. */
+static void absorb_rows(const k3_view *W, uint64_t row0, uint32_t nope, uint32_t kvl, const float *q, uint64_t q_stride,
+                        float *ql, uint64_t ql_stride, uint32_t t0, uint32_t t1)
+{
+    for (uint32_t t = t0; t < t1; t++)
+        memset(ql + t * ql_stride, 0, kvl * sizeof *ql);
+    for (uint32_t r = 0; r < nope; r++) {
+        for (uint32_t t = t0; t < t1; t++) {
+            const float qr = q[t * q_stride + r];
+            float *o = ql + t * ql_stride;
+            if (W->dtype == K3_DT_BF16) {
+                const uint16_t *w = (const uint16_t *)W->data + (row0 + r) * kvl;
+#pragma omp simd
+                for (uint32_t c = 0; c < kvl; c++)
+                    o[c] += bf16_widen(w[c]) * qr;
+            } else if (W->dtype == K3_DT_F16) {
+                const uint16_t *w = (const uint16_t *)W->data + (row0 + r) * kvl;
+                for (uint32_t c = 0; c < kvl; c++)
+                    o[c] += f16_widen(w[c]) * qr;
+            } else {
+                const float *w = (const float *)W->data + (row0 + r) * kvl;
+#pragma omp simd
+                for (uint32_t c = 0; c < kvl; c++)
+                    o[c] += w[c] * qr;
+            }
+        }
+    }
+}
+
 int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e)
 {
     const k3_dims *d = &m->d;
@@ -85,6 +122,19 @@ int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     const float scale = 1.0f / sqrtf((float)QK);
     const uint32_t pairs = T * MH;
 
+    /* absorb the key half of W_kv_b into each row's query: per head, a
+     * block of rows at a time, so the head's slice of kv_b is read once per
+     * block rather than once per row (each sum still over r ascending) */
+    const uint32_t nblk = (T + MLA_ROW_BLOCK - 1) / MLA_ROW_BLOCK;
+    const uint64_t absorb = (uint64_t)T * MH * NOPE * KVL;
+    K3_PAR_FOR_DYNAMIC(absorb > K3_PAR_MIN, m->nthreads,
+    for (uint32_t u = 0; u < MH * nblk; u++) {
+        const uint32_t h = u / nblk, t0 = u % nblk * MLA_ROW_BLOCK;
+        const uint32_t t1 = T - t0 < MLA_ROW_BLOCK ? T : t0 + MLA_ROW_BLOCK;
+        absorb_rows(kvb, (uint64_t)h * kvb_rows_per_head, NOPE, KVL, m->mq + (uint64_t)h * QK, (uint64_t)MH * QK,
+                    m->mqlat + (uint64_t)h * KVL, (uint64_t)MH * KVL, t0, t1);
+    });
+
     K3_PAR_FOR_DYNAMIC(work > K3_PAR_MIN, m->nthreads,
     for (uint32_t pi = 0; pi < pairs; pi++) {
         const uint32_t t = pi / MH, h = pi % MH;
@@ -92,27 +142,7 @@ int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
         const k3_sess *s = sg->s;
         const float *cache = s->mla_cache + (uint64_t)idx * s->max_ctx * CL;
         const float *q = m->mq + (uint64_t)t * MH * QK + (uint64_t)h * QK;
-        float *ql = m->mqlat + ((uint64_t)t * MH + h) * KVL;
-        /* absorb the key half of W_kv_b into the query */
-        for (uint32_t c = 0; c < KVL; c++)
-            ql[c] = 0.0f;
-        const uint64_t row0 = (uint64_t)h * kvb_rows_per_head;
-        for (uint32_t r = 0; r < NOPE; r++) {
-            const float qr = q[r];
-            if (kvb->dtype == K3_DT_BF16) {
-                const uint16_t *w = (const uint16_t *)kvb->data + (row0 + r) * KVL;
-                for (uint32_t c = 0; c < KVL; c++)
-                    ql[c] += bf16_widen(w[c]) * qr;
-            } else if (kvb->dtype == K3_DT_F16) {
-                const uint16_t *w = (const uint16_t *)kvb->data + (row0 + r) * KVL;
-                for (uint32_t c = 0; c < KVL; c++)
-                    ql[c] += f16_widen(w[c]) * qr;
-            } else {
-                const float *w = (const float *)kvb->data + (row0 + r) * KVL;
-                for (uint32_t c = 0; c < KVL; c++)
-                    ql[c] += w[c] * qr;
-            }
-        }
+        const float *ql = m->mqlat + ((uint64_t)t * MH + h) * KVL;
         /* scores over positions 0..pos0+t */
         const uint32_t n = s->pos + (t - sg->row) + 1;
         float *sc = s->scores + (uint64_t)omp_get_thread_num() * s->max_ctx;
@@ -136,6 +166,7 @@ int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
         for (uint32_t p = 0; p < n; p++) {
             const float w = sc[p] * inv;
             const float *cp = cache + (uint64_t)p * CL;
+            _Pragma("omp simd")
             for (uint32_t c = 0; c < KVL; c++)
                 ol[c] += w * cp[c];
         }
