@@ -172,9 +172,12 @@ int k3_model_mm_heads(k3_model *m, const k3_view *W, uint32_t H, uint64_t rows_p
     k3_dist *d = m->dist;
     const uint64_t y_stride = (uint64_t)T * rows;
     if (!d) {
-        for (uint32_t h = 0; h < H; h++)
-            K3_TRY(mm_local(m, W, h * rows_per_head + off, rows, X + h * x_stride, T, Y + h * y_stride, NULL, e));
-        return 0;
+        const double t0 = omp_get_wtime();
+        int rc = 0;
+        for (uint32_t h = 0; h < H && rc == 0; h++)
+            rc = mm_local(m, W, h * rows_per_head + off, rows, X + h * x_stride, T, Y + h * y_stride, NULL, e);
+        m->times.products += omp_get_wtime() - t0;
+        return rc < 0 ? rc : 0;
     }
     /* rank q: heads [H q / N, H (q + 1) / N), whose outputs lie end to end in Y */
     const uint32_t N = d->size, h0 = (uint32_t)((uint64_t)H * d->rank / N), h1 = (uint32_t)((uint64_t)H * (d->rank + 1) / N);
@@ -196,7 +199,10 @@ int k3_model_mm_heads(k3_model *m, const k3_view *W, uint32_t H, uint64_t rows_p
 
 int k3_model_mm(k3_model *m, const k3_view *W, const float *X, uint32_t T, float *Y, k3_err *e)
 {
-    return mm_any(m, W, 0, view_rows(W), X, T, Y, NULL, e);
+    const double t0 = omp_get_wtime();
+    int rc = mm_any(m, W, 0, view_rows(W), X, T, Y, NULL, e);
+    m->times.products += omp_get_wtime() - t0;
+    return rc;
 }
 
 static void rmsnorm_row(const float *x, const float *w, uint32_t n, float eps, float *y)

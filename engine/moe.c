@@ -174,10 +174,14 @@ int k3_moe_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
                     memcpy(m->mx + (uint64_t)n * LAT, m->mz + (uint64_t)t * LAT, LAT * sizeof(float));
                     m->eslot[n++] = t * K + j;
                 }
+        double t0 = omp_get_wtime();
         k3_gemm_mx(ev.packed[0], ev.scales[0], I, LAT, m->mx, n, m->m1);
         k3_gemm_mx(ev.packed[1], ev.scales[1], I, LAT, m->mx, n, m->m3);
+        double t1 = omp_get_wtime();
         situ_rows(m->m1, m->m3, (uint64_t)n * I, d->b1, d->b2);
+        double t2 = omp_get_wtime();
         k3_gemm_mx(ev.packed[2], ev.scales[2], LAT, I, m->m1, n, m->my);
+        m->times.products += (t1 - t0) + (omp_get_wtime() - t2);
         for (uint32_t k = 0; k < n; k++)
             memcpy(m->mout + (uint64_t)m->eslot[k] * LAT, m->my + (uint64_t)k * LAT, LAT * sizeof(float));
         k3_ws_experts_release(m->ws, layer);

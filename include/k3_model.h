@@ -111,9 +111,13 @@ void k3_moe_route(const float *score, const float *bias, uint32_t NE, uint32_t K
  * through the threaded path. Process-wide. */
 void k3_model_set_parallel_threshold(uint64_t work);
 
-/* Time spent per layer kind since open (seconds), for benchmarks. */
+/* Time spent per layer kind since open (seconds), for benchmarks.
+ * products: of the layers' time, what their matrix products took (a
+ * streamed matrix's wait for its pieces included); the rest is attention,
+ * activations, norms and routing (k3-run --probe prices it). */
 typedef struct k3_model_times {
     double embed, attn_kda, attn_mla, mlp_dense, moe, head;
+    double products;
 } k3_model_times;
 void k3_model_times_get(const k3_model *m, k3_model_times *t);
 /* Seconds spent in each layer since open or the last reset (compute only:
