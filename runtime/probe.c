@@ -460,6 +460,25 @@ void k3_probe_prompt_experts(const k3_probe *p, const k3_cfg *c, const k3_probe_
     free(stamp);
 }
 
+/* The rest (k3_probe_rest) of every layer of c in one pass of C rows at
+ * positions p0 ..: 0 when the probe has none for this chunk. */
+static double rest_pass(const k3_probe *p, const k3_cfg *c, uint32_t chunk, uint32_t C, uint32_t p0)
+{
+    const k3_probe_rest *r = NULL;
+    for (uint32_t k = 0; k < p->n_rest && !r; k++)
+        if (p->rest[k].chunk == chunk)
+            r = &p->rest[k];
+    if (!r)
+        return 0;
+    const double S = (double)C * p0 + (double)C * (C + 1) / 2;
+    double t = 0;
+    for (uint32_t L = 0; L < c->num_hidden_layers; L++) {
+        const int mla = k3_cfg_layer_is_mla(c, L) != 0;
+        t += C * r->a[mla] + S * r->b[mla];
+    }
+    return t;
+}
+
 void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *plan, uint32_t chunk,
                       uint32_t n_ids, const k3_probe_routes *r, k3_probe_pred *out)
 {
@@ -475,7 +494,9 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
     const double crc = p->crc_s * p->crc_share, trunk_crc = p->no_trunk_crc ? 0 : crc;
     out->decode_io = trunk_read + (p->expert_bps > 0 ? n_moe * k * (1 - hit) * rec / p->expert_bps : 0);
     const double dmem = (double)plan->trunk_total * per_byte(p->bf16_s, 1) + n_moe * k * rec * per_byte(p->mx_s, 1);
-    out->decode_compute = dmem + (double)plan->trunk_streamed * trunk_crc + n_moe * k * (1 - hit) * rec * crc;
+    out->decode_rest = rest_pass(p, c, 1, 1, n_ids);
+    out->decode_compute = dmem + (double)plan->trunk_streamed * trunk_crc + n_moe * k * (1 - hit) * rec * crc +
+                          out->decode_rest;
     out->decode_s = out->decode_io + out->decode_compute;
     out->decode_bound = bound_of(out->decode_io, dmem, out->decode_compute);
     /* prompt: passes of `chunk` ids; the trunk read and multiplied once per
@@ -488,7 +509,7 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
     const uint32_t hg = c->num_hidden_layers;
     const double head = fmin((double)gb[hg], (double)plan->trunk_total);
     const double head_streamed = hg < plan->ngroups && !plan->pinned[hg] ? fmin(head, (double)plan->trunk_streamed) : 0;
-    double io = 0, comp = 0, mem = 0;
+    double io = 0, comp = 0, mem = 0, rest = 0;
     for (uint32_t b = 0; b < n; b += chunk) {
         const uint32_t C = n - b < chunk ? n - b : chunk;
         const int last = b + C >= n;
@@ -496,7 +517,9 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
         comp += ((double)plan->trunk_total - head) * per_byte(p->bf16_s, C) + (last ? head * p->bf16_s[0] : 0) +
                 ((double)plan->trunk_streamed - (last ? 0 : head_streamed)) * trunk_crc;
         mem += ((double)plan->trunk_total - head) * p->bf16_s[0] + (last ? head * p->bf16_s[0] : 0);
+        rest += rest_pass(p, c, chunk, C, b);
     }
+    comp += rest;
     k3_probe_xcost x;
     k3_probe_prompt_experts(p, c, r, n, chunk, plan->expert_slots, &x);
     io += p->expert_bps > 0 ? x.misses * rec / p->expert_bps : 0;
@@ -508,6 +531,7 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
     out->prompt_io = io / n;
     out->prompt_compute = comp / n;
     out->prompt_mem = mem / n;
+    out->prompt_rest = rest / n;
     out->prompt_s = out->prompt_io + out->prompt_compute;
     out->prompt_bound = bound_of(out->prompt_io, out->prompt_mem, out->prompt_compute);
 }
@@ -562,6 +586,15 @@ int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_si
     if (rc < 0)
         return rc;
     p.no_trunk_crc = !eo->trunk_crc;
+    uint32_t cl[NB + 2], ncl = 0;
+    cl[ncl++] = 1;   /* decode */
+    if (given)
+        cl[ncl++] = given_chunk;
+    for (uint32_t i = 0; i < NB; i++)
+        if (ok[i])
+            cl[ncl++] = chunks[i];
+    if ((rc = k3_probe_rest_run(&c, cl, ncl, &p, e)) < 0)
+        return rc;
     k3_probe_routes r;
     if (ids && n_ids && (rc = k3_probe_routes_read(dir, ids, n_ids, &r, e)) < 0)
         return rc;
@@ -581,6 +614,15 @@ int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_si
     fprintf(f, "%sprobe: CRC of bytes read %.1f GB/s on one core; %s\n", pre, 1 / p.crc_s / G,
             p.crc_share > 0 ? "the run's threads take every core, so the products wait for it"
                             : "a core the run's threads leave free does it");
+    for (uint32_t k = 0; k < p.n_rest; k++) {
+        const k3_probe_rest *q = &p.rest[k];
+        if (k == 0)
+            fprintf(f, "%sprobe: besides the products, a layer computes (attention, activations, norms, routing; "
+                       "timed on one-layer models in memory, %.1f s), per row:\n",
+                    pre, p.rest_seconds);
+        fprintf(f, "%s  in passes of %4u%s: KDA %.3f ms, MLA %.3f ms + %.3f us per position attended\n", pre,
+                q->chunk, q->chunk > 64 ? " (timed in passes of 64)" : "", q->a[0] * 1e3, q->a[1] * 1e3, q->b[1] * 1e6);
+    }
     if (r.n_layers) {
         uint32_t *seen = calloc(c.num_experts, sizeof *seen);
         double u = 0;   /* distinct experts over the whole prompt, per sampled layer */

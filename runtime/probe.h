@@ -20,6 +20,18 @@
 
 #define K3_PROBE_NT 9   /* T = 1, 2, 4, ..., 256: the longest pass a budget takes */
 
+/* What a layer computes besides its matrix products (attention, activations,
+ * norms, routing) in passes of `chunk` rows (probe_rest.c): a pass of C rows
+ * at positions p0 .. p0 + C - 1 takes C a + b S seconds, S = sum of (p + 1)
+ * over its rows (the positions they attend to). [0]: a KDA layer, [1]: an
+ * MLA layer, each with its MoE. */
+#define K3_PROBE_REST_MAX 8
+
+typedef struct k3_probe_rest {
+    uint32_t chunk;
+    double a[2], b[2];
+} k3_probe_rest;
+
 typedef struct k3_probe {
     double trunk_bps, expert_bps;      /* O_DIRECT (or buffered) read rates, bytes/s */
     uint64_t trunk_read, expert_read;  /* bytes the probe read */
@@ -32,10 +44,21 @@ typedef struct k3_probe {
                                         * when the run's threads take every core, else 0 */
     int no_trunk_crc;                  /* --no-trunk-crc: streamed trunk bytes are not CRC'd */
     double seconds;                    /* what the probe took */
+    /* per chunk, what a layer computes besides its products
+     * (k3_probe_rest_run); none: priced at 0 */
+    k3_probe_rest rest[K3_PROBE_REST_MAX];
+    uint32_t n_rest;
+    double rest_seconds;
 } k3_probe;
 
 /* Measure (a few seconds). dir: a packed model (its .k3t and .k3e files). */
 int k3_probe_run(const char *dir, const k3_cfg *c, k3_probe *p, k3_err *e);
+
+/* Time the rest (k3_probe_rest) of the model c at each distinct chunk of
+ * chunks[0..n) (at most K3_PROBE_REST_MAX; include 1 for decode), on models
+ * held in memory: a few seconds and some hundreds of MB at K3 width. On error
+ * p->n_rest is 0. */
+int k3_probe_rest_run(const k3_cfg *c, const uint32_t *chunks, uint32_t n, k3_probe *p, k3_err *e);
 
 /* The prompt's routes as the model's own routers give them (probe_route.c):
  * the router of up to K3_PROBE_ROUTE_LAYERS MoE layers, evenly spaced,
@@ -83,7 +106,9 @@ typedef struct k3_probe_pred {
     double prompt_s, decode_s;         /* seconds per token */
     double prompt_io, prompt_compute;  /* per token */
     double prompt_mem;                 /* of prompt_compute: the weight bytes at T = 1's speed */
+    double prompt_rest;                /* of prompt_compute: what the layers compute besides products */
     double decode_io, decode_compute;
+    double decode_rest;
     k3_probe_bound prompt_bound, decode_bound;   /* the largest of reads, memory, compute - memory */
     double experts_per_pass;           /* distinct records per pass, all MoE layers */
     double expert_misses;              /* records the prompt reads */

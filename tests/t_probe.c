@@ -149,6 +149,66 @@ K3_TEST(probe_predict_charges_the_crc_of_every_byte_read)
     CHECK(fabs(d.prompt_compute - a.prompt_compute - 4000 * 0.5e-9 / 4) < 1e-15);
 }
 
+/* What the layers compute besides products, per pass of C rows at
+ * positions p0 ..: C a + b S per layer of its kind, S the positions the rows
+ * attend to; a chunk the probe did not time costs nothing. */
+K3_TEST(probe_predict_adds_the_rest_of_each_layer_by_kind_and_context)
+{
+    k3_cfg c;
+    k3_probe p;
+    fake(&c, &p);
+    c.is_mla[1] = 1;   /* layers 0 and 2 KDA, 1 MLA */
+    const k3_probe_routes r = fake_routes;
+    k3_stream_plan pl;
+    fake_plan(&pl, 0);
+    k3_probe_pred a, b, d;
+    k3_probe_predict(&p, &c, &pl, 2, 4, &r, &a);
+    p.rest[0] = (k3_probe_rest){.chunk = 2, .a = {1e-3, 2e-3}, .b = {0, 1e-5}};
+    p.rest[1] = (k3_probe_rest){.chunk = 1, .a = {3e-3, 4e-3}, .b = {0, 1e-5}};
+    p.n_rest = 2;
+    k3_probe_predict(&p, &c, &pl, 2, 4, &r, &b);
+    /* passes at positions 0-1 (S = 3) and 2-3 (S = 7): KDA 2 layers x 2
+     * passes x 2 rows x 1 ms, MLA 2 x 2 x 2 ms + 1e-5 x 10 */
+    const double rest = 8e-3 + 8e-3 + 1e-4;
+    CHECK(fabs(b.prompt_rest - rest / 4) < 1e-15);
+    CHECK(fabs(b.prompt_compute - a.prompt_compute - rest / 4) < 1e-15);
+    CHECK(fabs(b.prompt_io - a.prompt_io) < 1e-15);
+    /* decode: one row after the 4 ids (S = 5), at the one-row rates */
+    CHECK(fabs(b.decode_compute - a.decode_compute - (2 * 3e-3 + 4e-3 + 5e-5)) < 1e-15);
+    k3_probe_predict(&p, &c, &pl, 4, 4, &r, &d);   /* passes of 4: not timed */
+    CHECK(d.prompt_rest == 0);
+}
+
+/* The rest is timed on models in memory, once per distinct chunk. */
+K3_TEST(probe_rest_times_each_distinct_chunk_and_both_kinds)
+{
+    k3_cfg c;
+    memset(&c, 0, sizeof c);
+    c.hidden_size = 64; c.num_hidden_layers = 2; c.vocab_size = 97; c.rms_norm_eps = 1e-5;
+    c.kda_num_heads = 2; c.kda_head_dim = 16; c.short_conv_kernel_size = 4; c.gate_lower_bound = -5.0;
+    c.num_attention_heads = 2; c.q_lora_rank = 32; c.kv_lora_rank = 32; c.qk_nope_head_dim = 16;
+    c.qk_rope_head_dim = 8; c.v_head_dim = 16; c.mla_use_output_gate = 1;
+    c.num_experts = 8; c.num_experts_per_token = 3; c.num_shared_experts = 1;
+    c.routed_expert_hidden_size = 32; c.moe_intermediate_size = 64; c.routed_scaling_factor = 1.0;
+    c.moe_renormalize = 1; c.latent_moe_use_norm = 1; c.first_k_dense_replace = 1;
+    c.intermediate_size = 96; c.attn_res_block_size = 2; c.situ_beta = 4.0; c.situ_linear_beta = 25.0;
+    c.group_size = 32;
+    c.is_mla[1] = 1;
+    k3_probe p;
+    memset(&p, 0, sizeof p);
+    const uint32_t chunks[] = {1, 8, 0, 8, 1};
+    k3_err e = {0};
+    CHECK_EQ_INT(k3_probe_rest_run(&c, chunks, 5, &p, &e), 0);
+    CHECK_EQ_INT(p.n_rest, 2);
+    CHECK_EQ_INT(p.rest[0].chunk, 1);
+    CHECK_EQ_INT(p.rest[1].chunk, 8);
+    for (uint32_t k = 0; k < 2; k++)
+        for (int m = 0; m < 2; m++) {
+            CHECK(p.rest[k].a[m] > 0 && p.rest[k].a[m] < 1);
+            CHECK(p.rest[k].b[m] >= 0 && p.rest[k].b[m] < 1);
+        }
+}
+
 /* On a --sparse-live model the estimate is exact: the experts per pass the
  * probe prints are the records the run asks for (one pass, cold cache). */
 K3_TEST(probe_routes_match_the_run_on_a_sparse_live_model)
