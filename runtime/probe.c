@@ -17,7 +17,8 @@
  * rate (reads), and every weight byte the pass multiplies at the kernels'
  * seconds per byte for its row count plus the CRC of every byte it reads
  * (compute; the CRC's CPU time over the cores when the run's threads take
- * them all, the products then wait for it; timed over the same pool). A decode pass is one id, the
+ * them all, the products then wait for it; timed over the same pool) and what
+ * each layer computes besides its products (probe_rest.c). A decode pass is one id, the
  * cache hitting in proportion to its share of all records. A prompt is the
  * given ids in passes of the chunk: the trunk once per pass (the head, which
  * only the last pass asks for, once, for one row), and per pass the union of
