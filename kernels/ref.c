@@ -143,8 +143,8 @@ void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n)
  * to x / ln 2, r = x - k ln 2 in two steps (Cody-Waite: LN2_HI has 32 significant bits,
  * so k * LN2_HI is exact), e^r by its Taylor series in Horner form (|r| <= 0.347:
  * the first omitted term of k3_exp is below 2^-60 relative, of k3_expf
- * below 2^-27), then times 2^k with ldexp (exact, or one correct rounding
- * into the subnormals). Error about 1 ulp of double; k3_expf rounds the
+ * below 2^-27), then times 2^k as ldexp would (exact, or one correct
+ * rounding into the subnormals). Error about 1 ulp of double; k3_expf rounds the
  * double result to float once.
  */
 #define LN2_HI 0x1.62e42fee00000p-1 /* ln 2 to 32 bits: k * LN2_HI is exact */
@@ -153,9 +153,27 @@ void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n)
 
 static double exp_reduce(double x, int *k)
 {
-    double kd = floor(x * INV_LN2 + 0.5);
-    *k = (int)kd;
+    /* floor of y, |y| < 1100: truncation, one less for a negative fraction
+     * (exact: both are integers well inside double's range) */
+    const double y = x * INV_LN2 + 0.5;
+    int64_t t = (int64_t)y;
+    t -= (double)t > y;
+    const double kd = (double)t;
+    *k = (int)t;
     return (x - kd * LN2_HI) - kd * LN2_LO;
+}
+
+/* p * 2^k, as ldexp: one multiplication by the power of two when 2^k is a
+ * normal double (the product is then correctly rounded, exactly ldexp's
+ * result), ldexp itself beyond. No libm call on the common path. */
+static double scale2(double p, int k)
+{
+    if (k < -1022 || k > 1023)
+        return ldexp(p, k);
+    const uint64_t b = (uint64_t)(k + 1023) << 52;
+    double two;
+    memcpy(&two, &b, sizeof two);
+    return p * two;
 }
 
 double k3_exp(double x)
@@ -175,7 +193,7 @@ double k3_exp(double x)
     double p = c[0];
     for (int i = 1; i < (int)(sizeof c / sizeof *c); i++)
         p = p * r + c[i];
-    return ldexp(p, k);
+    return scale2(p, k);
 }
 
 float k3_expf(float x)
@@ -193,7 +211,7 @@ float k3_expf(float x)
     double p = c[0];
     for (int i = 1; i < (int)(sizeof c / sizeof *c); i++)
         p = p * r + c[i];
-    return (float)ldexp(p, k);
+    return (float)scale2(p, k);
 }
 
 /* e^x - 1, accurate near 0 too: the series without its constant term for

@@ -830,6 +830,40 @@ K3_TEST(kern_exp_and_tanh_close_to_libm_with_special_values)
     CHECK(k3_tanhf(1e-30f) == 1e-30f && k3_tanhf(25.0f) == 1.0f);
 }
 
+/* Their bits are pinned: a hash of k3_exp, k3_expf and k3_tanhf over 5
+ * million points of their ranges (the subnormal results and overflow of
+ * exp, tanh's series near 0 and its saturation). Every architecture and
+ * build must give this one value; a change to any of these functions that
+ * moves one bit changes every logit it touches, so it must change this
+ * constant on purpose. */
+K3_TEST(kern_exp_and_tanh_bits_are_pinned)
+{
+    uint64_t h = 1469598103934665603ull;
+    const uint32_t N = 1u << 20;
+    for (uint32_t i = 0; i <= N; i++) {
+        union {
+            double d;
+            float f;
+            uint64_t u;
+        } v[5];
+        memset(v, 0, sizeof v);
+        v[0].d = k3_exp(-750.0 + 1462.0 * i / N);
+        v[1].f = k3_expf(-105.0f + 195.0f * (float)i / (float)N);
+        v[2].f = k3_tanhf(-25.0f + 50.0f * (float)i / (float)N);
+        const float xs = (float)i / (float)N * 0.5f - 0.25f;
+        v[3].f = k3_tanhf(xs);
+        v[4].d = k3_exp(xs * 1e-3);
+        for (int k = 0; k < 5; k++) {   /* 8 bytes each, a float's upper 4 zero */
+            for (int b = 0; b < 8; b++) {
+                h ^= (v[k].u >> (8 * b)) & 0xff;
+                h *= 1099511628211ull;
+            }
+        }
+    }
+    if (h != 0x37b92438504bb665ull)
+        k3t_fail(__FILE__, __LINE__, "exp/tanh bits changed: hash 0x%016llx", (unsigned long long)h);
+}
+
 /* ---- F32 and F16 weights ------------------------------------------------- */
 
 /* Random IEEE half with the hostile cases mixed in: subnormals, -0, the
