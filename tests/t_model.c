@@ -32,6 +32,8 @@ static void tiny_cfg(k3_cfg *c)
     c->is_mla[2] = 1; c->is_mla[4] = 1; c->is_mla[5] = 1;
 }
 
+#define MODEL_LOGITS_HASH 0x2086ede4c1289ce1ull
+
 static uint32_t ids32[32] = {5, 17, 3, 88, 42, 42, 9, 0, 96, 61, 23, 7, 7, 7, 50, 11,
                              2, 33, 70, 1, 90, 15, 44, 28, 63, 81, 19, 4, 36, 55, 12, 8};
 
@@ -87,6 +89,31 @@ K3_TEST(model_chunk_size_changes_no_logit_bit)
     CHECK(memcmp(a, b, 32 * 97 * sizeof(float)) == 0);
     CHECK(memcmp(a, c, 32 * 97 * sizeof(float)) == 0);
     free(a); free(b); free(c);
+    k3_ws_close(ws);
+}
+
+/* The logits' bits are pinned: the tiny model's 32 positions hash to one
+ * value on every architecture, kernel path and build. The determinism gates
+ * above hold for any fixed order of the sums; this one also catches a
+ * change of order that every path would share (an attention dot summed in
+ * another tree, say), which moves the numbers a saved state or a reference
+ * was made with. A change that moves a bit on purpose changes the constant. */
+K3_TEST(model_logits_bits_are_pinned)
+{
+    k3_ws *ws = tiny_ws();
+    float *a = run_all(ws, 64, 32);
+    uint64_t h = 1469598103934665603ull;
+    for (uint32_t i = 0; i < 32 * 97; i++) {
+        uint32_t u;
+        memcpy(&u, &a[i], sizeof u);
+        for (int b = 0; b < 4; b++) {
+            h ^= (u >> (8 * b)) & 0xff;
+            h *= 1099511628211ull;
+        }
+    }
+    if (h != MODEL_LOGITS_HASH)
+        k3t_fail(__FILE__, __LINE__, "the tiny model's logits changed: hash 0x%016llx", (unsigned long long)h);
+    free(a);
     k3_ws_close(ws);
 }
 
