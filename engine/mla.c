@@ -56,6 +56,24 @@ static float k3_mla_dot(const float *a, const float *b, uint32_t n)
     return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
 }
 
+/* k3_mla_dot of a with each of b[0..4), interleaved: four independent chains
+ * of additions instead of one, each dot in its own order, so the same bits. */
+static void k3_mla_dot4(const float *a, const float *const b[4], uint32_t n, float out[4])
+{
+    float p[4][8];
+    memset(p, 0, sizeof p);
+    uint32_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int d = 0; d < 4; d++)
+            for (int l = 0; l < 8; l++)
+                p[d][l] += a[c + l] * b[d][c + l];
+    for (uint32_t l = 0; c < n; c++, l++)
+        for (int d = 0; d < 4; d++)
+            p[d][l] += a[c] * b[d][c];
+    for (int d = 0; d < 4; d++)
+        out[d] = ((p[d][0] + p[d][4]) + (p[d][1] + p[d][5])) + ((p[d][2] + p[d][6]) + (p[d][3] + p[d][7]));
+}
+
 /* Rows the absorption takes per head at a time: their queries and latents
  * (2 x 16 x KVL floats) stay in L1/L2 while the head's slice of kv_b passes. */
 #define MLA_ROW_BLOCK 16u
@@ -147,7 +165,23 @@ int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
         const uint32_t n = s->pos + (t - sg->row) + 1;
         float *sc = s->scores + (uint64_t)omp_get_thread_num() * s->max_ctx;
         float mx = -INFINITY;
-        for (uint32_t p = 0; p < n; p++) {
+        uint32_t p4 = 0;
+        for (; p4 + 4 <= n; p4 += 4) {
+            const float *cp[4], *cr[4];
+            for (int j = 0; j < 4; j++) {
+                cp[j] = cache + (uint64_t)(p4 + j) * CL;
+                cr[j] = cp[j] + KVL;
+            }
+            float lat[4], rope[4];
+            k3_mla_dot4(ql, cp, KVL, lat);
+            k3_mla_dot4(q + NOPE, cr, ROPE, rope);
+            for (int j = 0; j < 4; j++) {
+                sc[p4 + j] = (lat[j] + rope[j]) * scale;
+                if (sc[p4 + j] > mx)
+                    mx = sc[p4 + j];
+            }
+        }
+        for (uint32_t p = p4; p < n; p++) {
             const float *cp = cache + (uint64_t)p * CL;
             float a = k3_mla_dot(ql, cp, KVL) + k3_mla_dot(q + NOPE, cp + KVL, ROPE);
             sc[p] = a * scale;
