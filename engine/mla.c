@@ -10,7 +10,7 @@
  *   o_lat_h[c] = sum_s p_s * lat_s[c]                     s ascending, float
  *   o_h        = Wvb_h . o_lat_h                          (k3 kernel)
  * dot() is k3_mla_dot: eight interleaved float partial sums combined in a fixed
- * tree. The absorption runs per head over blocks of rows (the head's slice
+ * tree (k3_mla_dot4 runs four positions' dots side by side, each the same). The absorption runs per head over blocks of rows (the head's slice
  * of W_kv_b read once per block); the rest, every (row, head) pair, is one
  * unit of parallel work. A row attends over its own session's cache (the
  * segment it belongs to, m->rowseg), never another's.
