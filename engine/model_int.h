@@ -133,12 +133,7 @@ extern uint64_t k3_model_par_min;
  * architecture and C library */
 static inline float k3_sigmoidf(float x) { return 1.0f / (1.0f + k3_expf(-x)); }
 static inline float k3_siluf(float x) { return x * k3_sigmoidf(x); }
-/* SiTU-GLU: [b1 tanh(g/b1) sigmoid(g)] [b2 tanh(u/b2)] */
-static inline float k3_situf(float g, float u, float b1, float b2)
-{
-    float gate = (b1 * k3_tanhf(g / b1)) * k3_sigmoidf(g);
-    return gate * (b2 * k3_tanhf(u / b2));
-}
+/* SiTU-GLU: k3_situ (the kernels' paths) */
 
 /* Y[T][rows] = X[T][cols] . W^T for a BF16, F16 or F32 matrix view (T <=
  * max_chunk; outside parallel regions: it may use m->mmtmp). 0, or the

@@ -32,9 +32,10 @@
 
 static void situ_rows(float *g, const float *u, uint64_t n, float b1, float b2)
 {
+    const uint64_t blk = 4096, nb = (n + blk - 1) / blk;
     K3_PAR_FOR(n > K3_PAR_MIN,
-    for (uint64_t i = 0; i < n; i++)
-        g[i] = k3_situf(g[i], u[i], b1, b2););
+    for (uint64_t b = 0; b < nb; b++)
+        k3_situ(g + b * blk, u + b * blk, n - b * blk < blk ? n - b * blk : blk, b1, b2););
 }
 
 int k3_mlp_dense_forward(k3_model *m, const k3_view *v, uint32_t T, k3_err *e)

@@ -83,6 +83,11 @@ double k3_exp(double x);
 float k3_expf(float x);
 /* tanh x in the same way (from e^2|x| - 1, exact near 0); -0 stays -0. */
 float k3_tanhf(float x);
+/* SiTU-GLU of n pairs, in place: g[i] = [b1 tanh(g[i]/b1) sigmoid(g[i])]
+ * [b2 tanh(u[i]/b2)], sigmoid(x) = 1 / (1 + k3_expf(-x)), every float
+ * operation in that order, with k3_tanhf and k3_expf: the same bits on every
+ * path. One thread (callers split n). */
+void k3_situ(float *g, const float *u, uint64_t n, float b1, float b2);
 
 void k3_bf16_to_f32_n(const uint16_t *src, float *dst, uint64_t n);
 void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n);

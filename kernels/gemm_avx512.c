@@ -988,4 +988,5 @@ const k3_kern_path k3_kern_path_avx512 = {
     .gemm_f32_rows = avx512_gemm_f32_rows,
     .gemm_f16_rows = avx512_gemm_f16_rows,
     .gemm_mx_rows = avx512_gemm_mx_rows,
+    .situ = k3_kern_situ_avx512,
 };

@@ -24,6 +24,8 @@ typedef void (*k3_kern_f32_rows_fn)(const float *W, uint64_t rows, uint64_t cols
                                     const float *X, uint32_t T, float *Y,
                                     uint64_t r0, uint64_t r1);
 
+typedef void (*k3_kern_situ_fn)(float *g, const float *u, uint64_t n, float b1, float b2);
+
 /* One entry per weight type. gemm_f16_rows takes IEEE half weights (same
  * signature as bf16). A path may leave gemm_f32_rows / gemm_f16_rows NULL:
  * dispatch then runs the scalar one for that type (same bits, slower), so a
@@ -34,6 +36,7 @@ typedef struct k3_kern_path {
     k3_kern_mx_rows_fn gemm_mx_rows;
     k3_kern_f32_rows_fn gemm_f32_rows;
     k3_kern_bf16_rows_fn gemm_f16_rows;
+    k3_kern_situ_fn situ;   /* k3_situ; NULL: the scalar one */
 } k3_kern_path;
 
 extern const k3_kern_path k3_kern_path_scalar;
@@ -41,10 +44,22 @@ extern const k3_kern_path k3_kern_path_avx2;    /* x86-64 builds only */
 extern const k3_kern_path k3_kern_path_avx512;  /* x86-64 builds only */
 extern const k3_kern_path k3_kern_path_neon;    /* aarch64 builds only */
 
+void k3_kern_situ_avx512(float *g, const float *u, uint64_t n, float b1, float b2);   /* act_avx512.c */
+
 /* The path in use (k3_kern_init has run). */
 const k3_kern_path *k3_kern_path_current(void);
 /* A path by name if this CPU runs it, else NULL. */
 const k3_kern_path *k3_kern_path_find(const char *isa);
+
+/* k3_exp's constants (ref.c): ln 2 in two parts (k * LN2_HI is exact for
+ * every k the range gives), 1 / ln 2, and the Taylor coefficients, highest
+ * power first, of k3_exp (14), k3_expf (9) and tanh's e^x - 1 near 0 (14). */
+#define K3_KERN_LN2_HI 0x1.62e42fee00000p-1
+#define K3_KERN_LN2_LO 0x1.a39ef35793c76p-33
+#define K3_KERN_INV_LN2 0x1.71547652b82fep0
+extern const double k3_kern_exp_c[14];
+extern const double k3_kern_expf_c[9];
+extern const double k3_kern_expm1_c[14];
 
 /* The 16 E2M1 values in nibble order (bit 3 = sign, so entry 8 is -0). */
 extern const float k3_kern_e2m1_table[16];

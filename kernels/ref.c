@@ -147,9 +147,22 @@ void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n)
  * rounding into the subnormals). Error about 1 ulp of double; k3_expf rounds the
  * double result to float once.
  */
-#define LN2_HI 0x1.62e42fee00000p-1 /* ln 2 to 32 bits: k * LN2_HI is exact */
-#define LN2_LO 0x1.a39ef35793c76p-33 /* ln 2 - LN2_HI */
-#define INV_LN2 0x1.71547652b82fep0
+#define LN2_HI K3_KERN_LN2_HI
+#define LN2_LO K3_KERN_LN2_LO
+#define INV_LN2 K3_KERN_INV_LN2
+
+/* The series' coefficients, highest power first (also the vector paths'). */
+const double k3_kern_exp_c[14] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                                  1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,      1.0 / 720.0,
+                                  1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,         0.5,
+                                  1.0,                1.0};
+const double k3_kern_expf_c[9] = {1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0,
+                                  1.0 / 6.0,     0.5,          1.0,         1.0};
+const double k3_kern_expm1_c[14] = {1.0 / 87178291200.0, 1.0 / 6227020800.0, 1.0 / 479001600.0,
+                                    1.0 / 39916800.0,    1.0 / 3628800.0,    1.0 / 362880.0,
+                                    1.0 / 40320.0,       1.0 / 5040.0,       1.0 / 720.0,
+                                    1.0 / 120.0,         1.0 / 24.0,         1.0 / 6.0,
+                                    0.5,                 1.0};
 
 static double exp_reduce(double x, int *k)
 {
@@ -186,12 +199,9 @@ double k3_exp(double x)
         return 0.0;
     int k;
     double r = exp_reduce(x, &k);
-    static const double c[] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
-                               1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,      1.0 / 720.0,
-                               1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,         0.5,
-                               1.0,                1.0};
+    const double *c = k3_kern_exp_c;
     double p = c[0];
-    for (int i = 1; i < (int)(sizeof c / sizeof *c); i++)
+    for (int i = 1; i < 14; i++)
         p = p * r + c[i];
     return scale2(p, k);
 }
@@ -206,10 +216,9 @@ float k3_expf(float x)
         return 0.0f;
     int k;
     double r = exp_reduce((double)x, &k);
-    static const double c[] = {1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0,
-                               1.0 / 6.0,     0.5,          1.0,         1.0};
+    const double *c = k3_kern_expf_c;
     double p = c[0];
-    for (int i = 1; i < (int)(sizeof c / sizeof *c); i++)
+    for (int i = 1; i < 9; i++)
         p = p * r + c[i];
     return (float)scale2(p, k);
 }
@@ -219,13 +228,9 @@ float k3_expf(float x)
 static double expm1_d(double x)
 {
     if (fabs(x) < 0.34) {
-        static const double c[] = {1.0 / 87178291200.0, 1.0 / 6227020800.0, 1.0 / 479001600.0,
-                                   1.0 / 39916800.0,    1.0 / 3628800.0,    1.0 / 362880.0,
-                                   1.0 / 40320.0,       1.0 / 5040.0,       1.0 / 720.0,
-                                   1.0 / 120.0,         1.0 / 24.0,         1.0 / 6.0,
-                                   0.5,                 1.0};
+        const double *c = k3_kern_expm1_c;
         double p = c[0];
-        for (int i = 1; i < (int)(sizeof c / sizeof *c); i++)
+        for (int i = 1; i < 14; i++)
             p = p * x + c[i];
         return p * x;
     }
@@ -404,10 +409,28 @@ static void ref_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, uint6
     }
 }
 
+/* SiTU-GLU of n pairs: g[i] = [b1 tanh(g/b1) sigmoid(g)] [b2 tanh(u/b2)], the
+ * order of every float operation as written (the vector paths' reference). */
+static void ref_situ(float *g, const float *u, uint64_t n, float b1, float b2)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        const float gate = (b1 * k3_tanhf(x / b1)) * (1.0f / (1.0f + k3_expf(-x)));
+        g[i] = gate * (b2 * k3_tanhf(u[i] / b2));
+    }
+}
+
+void k3_situ(float *g, const float *u, uint64_t n, float b1, float b2)
+{
+    const k3_kern_path *p = k3_kern_path_current();
+    (p->situ ? p->situ : ref_situ)(g, u, n, b1, b2);
+}
+
 const k3_kern_path k3_kern_path_scalar = {
     .name = "scalar",
     .gemm_bf16_rows = ref_gemm_bf16_rows,
     .gemm_mx_rows = ref_gemm_mx_rows,
     .gemm_f32_rows = ref_gemm_f32_rows,
     .gemm_f16_rows = ref_gemm_f16_rows,
+    .situ = ref_situ,
 };

@@ -864,6 +864,58 @@ K3_TEST(kern_exp_and_tanh_bits_are_pinned)
         k3t_fail(__FILE__, __LINE__, "exp/tanh bits changed: hash 0x%016llx", (unsigned long long)h);
 }
 
+/* SiTU on every path the CPU runs: the same bits as the scalar one, over
+ * values that take every branch of tanh and exp (the series near 0, the
+ * saturation past 20, exp's overflow and underflow edges), the specials
+ * (+-0, subnormals, +-inf, NaN) and tails of every length. */
+K3_TEST(kern_situ_every_path_bit_identical_to_scalar)
+{
+    enum { N = 200003 };
+    float *g = malloc(N * sizeof *g), *u = malloc(N * sizeof *u), *a = malloc(N * sizeof *a),
+          *b = malloc(N * sizeof *b);
+    CHECK(g && u && a && b);
+    static const float special[] = {0.0f, -0.0f, 1e-40f, -1e-40f, INFINITY, -INFINITY, NAN, 0.68f, 0.679f,
+                                    0.681f, 80.0f, -80.0f, 89.0f, -89.0f, 104.0f, -104.0f, 104.1f, 3e38f};
+    for (uint32_t i = 0; i < N; i++) {
+        const double r = (double)(rnd() >> 11) * 0x1p-53 * 2 - 1;
+        const uint32_t kind = (uint32_t)(rnd() % 8);
+        g[i] = kind == 0 ? special[rnd() % (sizeof special / sizeof *special)]
+               : kind == 1 ? (float)(r * 1e-3)
+               : kind == 2 ? (float)(r * 1.4)
+               : kind == 3 ? (float)(r * 120)
+               : (float)(r * 30);
+        u[i] = (float)((double)(rnd() >> 11) * 0x1p-53 * 200 - 100) * (i % 5 == 0 ? 1e-4f : 1.0f);
+        if (i % 997 == 0)
+            u[i] = special[i % (sizeof special / sizeof *special)];
+    }
+    static const float betas[][2] = {{4.0f, 25.0f}, {1.0f, 1.0f}, {0.5f, 3.0f}};
+    const char *const vec[] = {"avx2", "avx512", "neon"};
+    int ran = 0;
+    for (int k = 0; k < 3; k++) {
+        const k3_kern_path *p = k3_kern_path_find(vec[k]);
+        if (!p || !p->situ)
+            continue;
+        ran++;
+        for (int bi = 0; bi < 3; bi++)
+            for (uint32_t n = N - 7; n <= N; n++) {   /* tails of 0 .. 7 */
+                memcpy(a, g, n * sizeof *a);
+                memcpy(b, g, n * sizeof *b);
+                k3_kern_path_scalar.situ(a, u, n, betas[bi][0], betas[bi][1]);
+                p->situ(b, u, n, betas[bi][0], betas[bi][1]);
+                if (memcmp(a, b, n * sizeof *a)) {
+                    uint32_t i = 0;
+                    while (!memcmp(&a[i], &b[i], sizeof *a))
+                        i++;
+                    k3t_fail(__FILE__, __LINE__, "%s: situ(%g, %g) with betas %g, %g: %a against the scalar %a",
+                             vec[k], (double)g[i], (double)u[i], (double)betas[bi][0], (double)betas[bi][1],
+                             (double)b[i], (double)a[i]);
+                }
+            }
+    }
+    (void)ran;
+    free(g), free(u), free(a), free(b);
+}
+
 /* ---- F32 and F16 weights ------------------------------------------------- */
 
 /* Random IEEE half with the hostile cases mixed in: subnormals, -0, the
