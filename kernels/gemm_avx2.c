@@ -701,4 +701,5 @@ const k3_kern_path k3_kern_path_avx2 = {
     .gemm_mx_rows = avx2_gemm_mx_rows,
     .gemm_f32_rows = avx2_gemm_f32_rows,
     .gemm_f16_rows = avx2_gemm_f16_rows,
+    .situ = k3_kern_situ_avx2,
 };
