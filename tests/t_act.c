@@ -1,0 +1,133 @@
+/*
+ * t_act.c - the runtime's exp, tanh and SiTU-GLU (kernels/ref.c and the
+ * vector paths): close to libm's, their bits pinned, and every path's SiTU
+ * the same bits as the scalar one.
+ */
+#include "k3_kern.h"
+#include "k3_test.h"
+#include "../kernels/kern_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) { return k3t_xorshift(&rng_state); }
+
+/* k3_exp/k3_expf/k3_tanhf (the runtime's, the same bits everywhere) stay
+ * within a couple of ulps of libm's over their whole range, and keep the
+ * special values. */
+K3_TEST(kern_exp_and_tanh_close_to_libm_with_special_values)
+{
+    double worst = 0, worstf = 0, worstt = 0;
+    for (int i = 0; i < 200000; i++) {
+        double x = -745.0 + 1454.0 * (double)(rnd() >> 11) * 0x1p-53;
+        double a = k3_exp(x), b = exp(x);
+        if (b > 0x1p-1022 && isfinite(b))
+            worst = fmax(worst, fabs(a - b) / (nextafter(b, INFINITY) - b));
+        float xf = (float)(x / 8.0);
+        float af = k3_expf(xf), bf = expf(xf);
+        if (bf > 0x1p-126f && isfinite(bf))
+            worstf = fmax(worstf, fabs((double)af - bf) / ((double)nextafterf(bf, INFINITY) - bf));
+        float xt = (float)(x / 64.0) * (i % 3 == 0 ? 1e-6f : 1.0f);
+        float at = k3_tanhf(xt), bt = tanhf(xt);
+        double ut = fabs((double)nextafterf(fabsf(bt), INFINITY) - fabsf(bt));
+        if (bt != 0)
+            worstt = fmax(worstt, fabs((double)at - bt) / ut);
+    }
+    if (worst > 2 || worstf > 1 || worstt > 2)
+        k3t_fail(__FILE__, __LINE__, "ulps from libm: exp %g, expf %g, tanhf %g", worst, worstf, worstt);
+    CHECK(isnan(k3_exp(NAN)) && isnan(k3_expf(NAN)) && isnan(k3_tanhf(NAN)));
+    CHECK(k3_exp(INFINITY) == INFINITY && k3_exp(-INFINITY) == 0.0 && k3_exp(0.0) == 1.0);
+    CHECK(k3_expf(INFINITY) == INFINITY && k3_expf(-INFINITY) == 0.0f && k3_expf(0.0f) == 1.0f);
+    CHECK(k3_exp(710.0) == INFINITY && k3_expf(89.0f) == expf(89.0f) && k3_expf(-104.0f) >= 0.0f);
+    CHECK(k3_tanhf(INFINITY) == 1.0f && k3_tanhf(-INFINITY) == -1.0f);
+    CHECK(k3_tanhf(0.0f) == 0.0f && !signbit(k3_tanhf(0.0f)) && signbit(k3_tanhf(-0.0f)));
+    CHECK(k3_tanhf(1e-30f) == 1e-30f && k3_tanhf(25.0f) == 1.0f);
+}
+
+/* Their bits are pinned: a hash of k3_exp, k3_expf and k3_tanhf over 5
+ * million points of their ranges (the subnormal results and overflow of
+ * exp, tanh's series near 0 and its saturation). Every architecture and
+ * build must give this one value; a change to any of these functions that
+ * moves one bit changes every logit it touches, so it must change this
+ * constant on purpose. */
+K3_TEST(kern_exp_and_tanh_bits_are_pinned)
+{
+    uint64_t h = 1469598103934665603ull;
+    const uint32_t N = 1u << 20;
+    for (uint32_t i = 0; i <= N; i++) {
+        union {
+            double d;
+            float f;
+            uint64_t u;
+        } v[5];
+        memset(v, 0, sizeof v);
+        v[0].d = k3_exp(-750.0 + 1462.0 * i / N);
+        v[1].f = k3_expf(-105.0f + 195.0f * (float)i / (float)N);
+        v[2].f = k3_tanhf(-25.0f + 50.0f * (float)i / (float)N);
+        const float xs = (float)i / (float)N * 0.5f - 0.25f;
+        v[3].f = k3_tanhf(xs);
+        v[4].d = k3_exp(xs * 1e-3);
+        for (int k = 0; k < 5; k++) {   /* 8 bytes each, a float's upper 4 zero */
+            for (int b = 0; b < 8; b++) {
+                h ^= (v[k].u >> (8 * b)) & 0xff;
+                h *= 1099511628211ull;
+            }
+        }
+    }
+    if (h != 0x37b92438504bb665ull)
+        k3t_fail(__FILE__, __LINE__, "exp/tanh bits changed: hash 0x%016llx", (unsigned long long)h);
+}
+
+/* SiTU on every path the CPU runs: the same bits as the scalar one, over
+ * values that take every branch of tanh and exp (the series near 0, the
+ * saturation past 20, exp's overflow and underflow edges), the specials
+ * (+-0, subnormals, +-inf, NaN) and tails of every length. */
+K3_TEST(kern_situ_every_path_bit_identical_to_scalar)
+{
+    enum { N = 200003 };
+    float *g = malloc(N * sizeof *g), *u = malloc(N * sizeof *u), *a = malloc(N * sizeof *a),
+          *b = malloc(N * sizeof *b);
+    CHECK(g && u && a && b);
+    static const float special[] = {0.0f, -0.0f, 1e-40f, -1e-40f, INFINITY, -INFINITY, NAN, 0.68f, 0.679f,
+                                    0.681f, 80.0f, -80.0f, 89.0f, -89.0f, 104.0f, -104.0f, 104.1f, 3e38f};
+    for (uint32_t i = 0; i < N; i++) {
+        const double r = (double)(rnd() >> 11) * 0x1p-53 * 2 - 1;
+        const uint32_t kind = (uint32_t)(rnd() % 8);
+        g[i] = kind == 0 ? special[rnd() % (sizeof special / sizeof *special)]
+               : kind == 1 ? (float)(r * 1e-3)
+               : kind == 2 ? (float)(r * 1.4)
+               : kind == 3 ? (float)(r * 120)
+               : (float)(r * 30);
+        u[i] = (float)((double)(rnd() >> 11) * 0x1p-53 * 200 - 100) * (i % 5 == 0 ? 1e-4f : 1.0f);
+        if (i % 997 == 0)
+            u[i] = special[i % (sizeof special / sizeof *special)];
+    }
+    static const float betas[][2] = {{4.0f, 25.0f}, {1.0f, 1.0f}, {0.5f, 3.0f}};
+    const char *const vec[] = {"avx2", "avx512", "neon"};
+    int ran = 0;
+    for (int k = 0; k < 3; k++) {
+        const k3_kern_path *p = k3_kern_path_find(vec[k]);
+        if (!p || !p->situ)
+            continue;
+        ran++;
+        for (int bi = 0; bi < 3; bi++)
+            for (uint32_t n = N - 7; n <= N; n++) {   /* tails of 0 .. 7 */
+                memcpy(a, g, n * sizeof *a);
+                memcpy(b, g, n * sizeof *b);
+                k3_kern_path_scalar.situ(a, u, n, betas[bi][0], betas[bi][1]);
+                p->situ(b, u, n, betas[bi][0], betas[bi][1]);
+                if (memcmp(a, b, n * sizeof *a)) {
+                    uint32_t i = 0;
+                    while (!memcmp(&a[i], &b[i], sizeof *a))
+                        i++;
+                    k3t_fail(__FILE__, __LINE__, "%s: situ(%g, %g) with betas %g, %g: %a against the scalar %a",
+                             vec[k], (double)g[i], (double)u[i], (double)betas[bi][0], (double)betas[bi][1],
+                             (double)b[i], (double)a[i]);
+                }
+            }
+    }
+    (void)ran;
+    free(g), free(u), free(a), free(b);
+}
