@@ -69,12 +69,6 @@ AI __m256 situ8(__m256 g, __m256 u, __m256 b1, __m256 b2)
     return _mm256_mul_ps(gate, _mm256_mul_ps(b2, tu));
 }
 
-static float situ1(float g, float u, float b1, float b2)
-{
-    const float gate = (b1 * k3_tanhf(g / b1)) * (1.0f / (1.0f + k3_expf(-g)));
-    return gate * (b2 * k3_tanhf(u / b2));
-}
-
 void k3_kern_situ_avx2(float *g, const float *u, uint64_t n, float b1, float b2)
 {
     const __m256 vb1 = _mm256_set1_ps(b1), vb2 = _mm256_set1_ps(b2);
@@ -86,12 +80,10 @@ void k3_kern_situ_avx2(float *g, const float *u, uint64_t n, float b1, float b2)
         const __m256 bad = _mm256_or_ps(_mm256_cmp_ps(_mm256_and_ps(x, abs), inf, _CMP_NLT_UQ),
                                         _mm256_or_ps(_mm256_cmp_ps(q1, inf, _CMP_NLT_UQ), _mm256_cmp_ps(q2, inf, _CMP_NLT_UQ)));
         if (_mm256_movemask_ps(bad)) {
-            for (int l = 0; l < 8; l++)
-                g[i + l] = situ1(g[i + l], u[i + l], b1, b2);
+            k3_kern_situ_scalar(g + i, u + i, 8, b1, b2);
             continue;
         }
         _mm256_storeu_ps(g + i, situ8(x, y, vb1, vb2));
     }
-    for (; i < n; i++)
-        g[i] = situ1(g[i], u[i], b1, b2);
+    k3_kern_situ_scalar(g + i, u + i, n - i, b1, b2);
 }

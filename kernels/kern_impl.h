@@ -44,6 +44,7 @@ extern const k3_kern_path k3_kern_path_avx2;    /* x86-64 builds only */
 extern const k3_kern_path k3_kern_path_avx512;  /* x86-64 builds only */
 extern const k3_kern_path k3_kern_path_neon;    /* aarch64 builds only */
 
+void k3_kern_situ_scalar(float *g, const float *u, uint64_t n, float b1, float b2);   /* ref.c */
 void k3_kern_situ_avx512(float *g, const float *u, uint64_t n, float b1, float b2);   /* act_avx512.c */
 void k3_kern_situ_avx2(float *g, const float *u, uint64_t n, float b1, float b2);     /* act_avx2.c */
 

@@ -410,8 +410,9 @@ static void ref_gemm_mx_rows(const uint8_t *packed, const uint8_t *scales, uint6
 }
 
 /* SiTU-GLU of n pairs: g[i] = [b1 tanh(g/b1) sigmoid(g)] [b2 tanh(u/b2)], the
- * order of every float operation as written (the vector paths' reference). */
-static void ref_situ(float *g, const float *u, uint64_t n, float b1, float b2)
+ * order of every float operation as written (the vector paths' reference,
+ * and their code for blocks with a non-finite lane and for tails). */
+void k3_kern_situ_scalar(float *g, const float *u, uint64_t n, float b1, float b2)
 {
     for (uint64_t i = 0; i < n; i++) {
         const float x = g[i];
@@ -423,7 +424,7 @@ static void ref_situ(float *g, const float *u, uint64_t n, float b1, float b2)
 void k3_situ(float *g, const float *u, uint64_t n, float b1, float b2)
 {
     const k3_kern_path *p = k3_kern_path_current();
-    (p->situ ? p->situ : ref_situ)(g, u, n, b1, b2);
+    (p->situ ? p->situ : k3_kern_situ_scalar)(g, u, n, b1, b2);
 }
 
 const k3_kern_path k3_kern_path_scalar = {
@@ -432,5 +433,5 @@ const k3_kern_path k3_kern_path_scalar = {
     .gemm_mx_rows = ref_gemm_mx_rows,
     .gemm_f32_rows = ref_gemm_f32_rows,
     .gemm_f16_rows = ref_gemm_f16_rows,
-    .situ = ref_situ,
+    .situ = k3_kern_situ_scalar,
 };
