@@ -13,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "k3_engine.h"
 #include "k3_test.h"
 #include "serve_util.h"
 
@@ -259,4 +260,24 @@ double k3t_metric(const k3t_server *s, const char *name)
         }
     free(m);
     return v;
+}
+
+/* "\"logit_bias\":{...}" banning the ids that end a completion (the
+ * tokenizer's end-of-sequence ids), so that a request runs to max_tokens
+ * whatever the random model would have sampled */
+void k3t_no_eos_bias(const char *model, char *out, size_t cap)
+{
+    k3_tok *tok = NULL;
+    k3_err e = {0};
+    CHECK_EQ_INT(k3_engine_tok_open(&tok, model, &e), 0);
+    const uint32_t *ids;
+    uint32_t n;
+    k3_tok_eos_ids(tok, &ids, &n);
+    CHECK(n >= 1);
+    size_t o = (size_t)snprintf(out, cap, "\"logit_bias\":{");
+    for (uint32_t i = 0; i < n && o < cap; i++)
+        o += (size_t)snprintf(out + o, cap - o, "%s\"%u\":-100", i ? "," : "", ids[i]);
+    if (o < cap)
+        snprintf(out + o, cap - o, "}");
+    k3_tok_close(tok);
 }

@@ -47,5 +47,8 @@ char *k3t_resp_strip(const char *body);
 void k3t_http_all(const k3t_server *s, int n, const char *const *path, char *const *body, char **resp);
 /* A value from /metrics (-1 if absent). */
 double k3t_metric(const k3t_server *s, const char *name);
+/* "\"logit_bias\":{...}" banning the model's end-of-sequence ids: a request
+ * with it runs to max_tokens whatever the random model would sample. */
+void k3t_no_eos_bias(const char *model, char *out, size_t cap);
 
 #endif

@@ -64,26 +64,6 @@ static void wait_metric(const k3t_server *s, const char *name, double want)
     k3t_fail(__FILE__, __LINE__, "%s stayed %g, want %g", name, v, want);
 }
 
-/* "\"logit_bias\":{...}" banning the ids that end a completion (the
- * tokenizer's end-of-sequence ids), so that a request runs to max_tokens
- * whatever the random model would have sampled */
-static void no_eos_bias(const char *model, char *out, size_t cap)
-{
-    k3_tok *tok = NULL;
-    k3_err e = {0};
-    CHECK_EQ_INT(k3_engine_tok_open(&tok, model, &e), 0);
-    const uint32_t *ids;
-    uint32_t n;
-    k3_tok_eos_ids(tok, &ids, &n);
-    CHECK(n >= 1);
-    size_t o = (size_t)snprintf(out, cap, "\"logit_bias\":{");
-    for (uint32_t i = 0; i < n && o < cap; i++)
-        o += (size_t)snprintf(out + o, cap - o, "%s\"%u\":-100", i ? "," : "", ids[i]);
-    if (o < cap)
-        snprintf(out + o, cap - o, "}");
-    k3_tok_close(tok);
-}
-
 K3_TEST_TIMEOUT(serve_hostile_clients_get_their_status_and_later_requests_are_served, 240)
 {
     const char *m = tiny(), *tmp = k3t_tmpdir();
@@ -179,7 +159,7 @@ K3_TEST_TIMEOUT(serve_hostile_clients_get_their_status_and_later_requests_are_se
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     CHECK_EQ_INT(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     char bias[512], b[768];
-    no_eos_bias(m, bias, sizeof bias);
+    k3t_no_eos_bias(m, bias, sizeof bias);
     snprintf(b, sizeof b, "{\"prompt\":\"slow\",\"max_tokens\":4000,\"stream\":true,%s}", bias);
     char req[1024];
     int n = snprintf(req, sizeof req,
