@@ -88,6 +88,15 @@ float k3_tanhf(float x);
  * operation in that order, with k3_tanhf and k3_expf: the same bits on every
  * path. One thread (callers split n). */
 void k3_situ(float *g, const float *u, uint64_t n, float b1, float b2);
+/* Attention's dots and weighted sums (engine/mla.c), the same bits on every
+ * path; products are rounded before they are added (no FMA).
+ * k3_dot8x4: out[j] = a . b[j] for j < 4, each over eight partial sums s_l
+ * (element c, ascending, into s_(c mod 8) while c < n - n mod 8, the rest
+ * into s_0, s_1, ...), combined ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7)).
+ * k3_axpy4: y[c] = (((y[c] + w0 x0[c]) + w1 x1[c]) + w2 x2[c]) + w3 x3[c]:
+ * four weighted sums into y in that order. */
+void k3_dot8x4(const float *a, const float *const b[4], uint32_t n, float out[4]);
+void k3_axpy4(float *y, const float w[4], const float *const x[4], uint32_t n);
 
 void k3_bf16_to_f32_n(const uint16_t *src, float *dst, uint64_t n);
 void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n);

@@ -702,4 +702,6 @@ const k3_kern_path k3_kern_path_avx2 = {
     .gemm_f32_rows = avx2_gemm_f32_rows,
     .gemm_f16_rows = avx2_gemm_f16_rows,
     .situ = k3_kern_situ_avx2,
+    .dot8x4 = k3_kern_dot8x4_avx2,
+    .axpy4 = k3_kern_axpy4_avx2,
 };

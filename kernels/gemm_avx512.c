@@ -989,4 +989,6 @@ const k3_kern_path k3_kern_path_avx512 = {
     .gemm_f16_rows = avx512_gemm_f16_rows,
     .gemm_mx_rows = avx512_gemm_mx_rows,
     .situ = k3_kern_situ_avx512,
+    .dot8x4 = k3_kern_dot8x4_avx2,
+    .axpy4 = k3_kern_axpy4_avx2,
 };

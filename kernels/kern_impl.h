@@ -25,6 +25,8 @@ typedef void (*k3_kern_f32_rows_fn)(const float *W, uint64_t rows, uint64_t cols
                                     uint64_t r0, uint64_t r1);
 
 typedef void (*k3_kern_situ_fn)(float *g, const float *u, uint64_t n, float b1, float b2);
+typedef void (*k3_kern_dot8x4_fn)(const float *a, const float *const b[4], uint32_t n, float out[4]);
+typedef void (*k3_kern_axpy4_fn)(float *y, const float w[4], const float *const x[4], uint32_t n);
 
 /* One entry per weight type. gemm_f16_rows takes IEEE half weights (same
  * signature as bf16). A path may leave gemm_f32_rows / gemm_f16_rows NULL:
@@ -37,6 +39,8 @@ typedef struct k3_kern_path {
     k3_kern_f32_rows_fn gemm_f32_rows;
     k3_kern_bf16_rows_fn gemm_f16_rows;
     k3_kern_situ_fn situ;   /* k3_situ; NULL: the scalar one */
+    k3_kern_dot8x4_fn dot8x4;   /* k3_dot8x4; NULL: the scalar one */
+    k3_kern_axpy4_fn axpy4;     /* k3_axpy4; NULL: the scalar one */
 } k3_kern_path;
 
 extern const k3_kern_path k3_kern_path_scalar;
@@ -47,6 +51,14 @@ extern const k3_kern_path k3_kern_path_neon;    /* aarch64 builds only */
 void k3_kern_situ_scalar(float *g, const float *u, uint64_t n, float b1, float b2);   /* ref.c */
 void k3_kern_situ_avx512(float *g, const float *u, uint64_t n, float b1, float b2);   /* act_avx512.c */
 void k3_kern_situ_avx2(float *g, const float *u, uint64_t n, float b1, float b2);     /* act_avx2.c */
+void k3_kern_dot8x4_scalar(const float *a, const float *const b[4], uint32_t n, float out[4]);   /* ref.c */
+void k3_kern_axpy4_scalar(float *y, const float w[4], const float *const x[4], uint32_t n);      /* ref.c */
+void k3_kern_dot8x4_avx2(const float *a, const float *const b[4], uint32_t n, float out[4]);     /* attn_avx2.c */
+void k3_kern_axpy4_avx2(float *y, const float w[4], const float *const x[4], uint32_t n);        /* attn_avx2.c */
+/* k3_dot8x4's last steps from the partial sums p of elements [0, c): the
+ * elements [c, n) into sums 0, 1, ..., then the combine (ref.c). */
+void k3_kern_dot8x4_finish(const float *a, const float *const b[4], uint32_t c, uint32_t n, float p[4][8],
+                           float out[4]);
 
 /* The path in use (k3_kern_init has run). */
 const k3_kern_path *k3_kern_path_current(void);

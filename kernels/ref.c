@@ -427,6 +427,46 @@ void k3_situ(float *g, const float *u, uint64_t n, float b1, float b2)
     (p->situ ? p->situ : k3_kern_situ_scalar)(g, u, n, b1, b2);
 }
 
+void k3_kern_dot8x4_finish(const float *a, const float *const b[4], uint32_t c, uint32_t n, float p[4][8],
+                           float out[4])
+{
+    for (uint32_t l = 0; c < n; c++, l++)
+        for (int j = 0; j < 4; j++)
+            p[j][l] += a[c] * b[j][c];
+    for (int j = 0; j < 4; j++)
+        out[j] = ((p[j][0] + p[j][4]) + (p[j][1] + p[j][5])) + ((p[j][2] + p[j][6]) + (p[j][3] + p[j][7]));
+}
+
+void k3_kern_dot8x4_scalar(const float *a, const float *const b[4], uint32_t n, float out[4])
+{
+    float p[4][8];
+    memset(p, 0, sizeof p);
+    uint32_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 8; l++)
+                p[j][l] += a[c + l] * b[j][c + l];
+    k3_kern_dot8x4_finish(a, b, c, n, p, out);
+}
+
+void k3_kern_axpy4_scalar(float *y, const float w[4], const float *const x[4], uint32_t n)
+{
+    for (uint32_t c = 0; c < n; c++)
+        y[c] = (((y[c] + w[0] * x[0][c]) + w[1] * x[1][c]) + w[2] * x[2][c]) + w[3] * x[3][c];
+}
+
+void k3_dot8x4(const float *a, const float *const b[4], uint32_t n, float out[4])
+{
+    const k3_kern_path *p = k3_kern_path_current();
+    (p->dot8x4 ? p->dot8x4 : k3_kern_dot8x4_scalar)(a, b, n, out);
+}
+
+void k3_axpy4(float *y, const float w[4], const float *const x[4], uint32_t n)
+{
+    const k3_kern_path *p = k3_kern_path_current();
+    (p->axpy4 ? p->axpy4 : k3_kern_axpy4_scalar)(y, w, x, n);
+}
+
 const k3_kern_path k3_kern_path_scalar = {
     .name = "scalar",
     .gemm_bf16_rows = ref_gemm_bf16_rows,
@@ -434,4 +474,6 @@ const k3_kern_path k3_kern_path_scalar = {
     .gemm_f32_rows = ref_gemm_f32_rows,
     .gemm_f16_rows = ref_gemm_f16_rows,
     .situ = k3_kern_situ_scalar,
+    .dot8x4 = k3_kern_dot8x4_scalar,
+    .axpy4 = k3_kern_axpy4_scalar,
 };

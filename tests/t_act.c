@@ -1,7 +1,8 @@
 /*
- * t_act.c - the runtime's exp, tanh and SiTU-GLU (kernels/ref.c and the
- * vector paths): close to libm's, their bits pinned, and every path's SiTU
- * the same bits as the scalar one.
+ * t_act.c - the runtime's exp, tanh, SiTU-GLU and attention primitives
+ * (kernels/ref.c and the vector paths): exp and tanh close to libm's, their
+ * bits pinned, every path's SiTU the same bits as the scalar one, and every
+ * path's attention dots and sums those of their definition.
  */
 #include "k3_kern.h"
 #include "k3_test.h"
@@ -130,4 +131,97 @@ K3_TEST(kern_situ_every_path_bit_identical_to_scalar)
     }
     (void)ran;
     free(g), free(u), free(a), free(b);
+}
+
+/* One value for the attention tests: mostly ordinary, some tiny, huge (so
+ * sums overflow), signed zeros, subnormals, infinities and NaN. */
+static float attn_value(void)
+{
+    static const float special[] = {0.0f, -0.0f, 1e-40f, -1e-40f, INFINITY, -INFINITY, NAN, 3e38f, -3e38f};
+    const double r = (double)(rnd() >> 11) * 0x1p-53 * 2 - 1;
+    const uint32_t kind = (uint32_t)(rnd() % 64);
+    return kind == 0 ? special[rnd() % (sizeof special / sizeof *special)]
+           : kind == 1 ? (float)(r * 1e-30)
+           : kind == 2 ? (float)(r * 1e30)
+           : (float)(r * 4);
+}
+
+/* The same bits, or both NaN (which NaN an add of two NaNs keeps is the
+ * compiler's choice of operand order, not the path's). */
+static int same_floats(const float *a, const float *b, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof *a) && !(isnan(a[i]) && isnan(b[i])))
+            return 0;
+    return 1;
+}
+
+/* k3_dot8x4 and k3_axpy4 on every path against their definitions in
+ * k3_kern.h written out here: eight partial sums (the tail into sums 0, 1,
+ * ...) and the fixed combine; four weighted sums in order. Lengths 0 .. 70
+ * and the MLA widths (rope 64, latent 512, both 576); inputs with every
+ * special value, so a changed order or a fused multiply-add shows. */
+K3_TEST(kern_attention_dots_and_sums_every_path_match_their_definition)
+{
+    enum { NMAX = 600 };
+    float *a = malloc(NMAX * sizeof *a), *x[4], *y0 = malloc(NMAX * sizeof *y0), *y1 = malloc(NMAX * sizeof *y1),
+          *yr = malloc(NMAX * sizeof *yr);
+    CHECK(a && y0 && y1 && yr);
+    for (int j = 0; j < 4; j++) {
+        x[j] = malloc(NMAX * sizeof *x[j]);
+        CHECK(x[j] != NULL);
+    }
+    const char *const paths[] = {"scalar", "avx2", "avx512", "neon"};
+    uint32_t lens[80], nl = 0;
+    for (uint32_t n = 0; n <= 70; n++)
+        lens[nl++] = n;
+    lens[nl++] = 512, lens[nl++] = 576, lens[nl++] = 575, lens[nl++] = 600;
+    for (int round = 0; round < 40; round++)
+        for (uint32_t li = 0; li < nl; li++) {
+            const uint32_t n = lens[li];
+            const int plain = round % 2 == 0;   /* half the rounds without special values */
+            for (uint32_t c = 0; c < NMAX; c++) {
+                a[c] = plain ? (float)((double)(rnd() >> 11) * 0x1p-53 * 2 - 1) : attn_value();
+                y0[c] = plain ? (float)((double)(rnd() >> 11) * 0x1p-53 * 2 - 1) : attn_value();
+                for (int j = 0; j < 4; j++)
+                    x[j][c] = plain ? (float)((double)(rnd() >> 11) * 0x1p-53 * 2 - 1) : attn_value();
+            }
+            const float w[4] = {attn_value(), attn_value(), plain ? 0.25f : -0.0f, attn_value()};
+            float want[4];
+            for (int j = 0; j < 4; j++) {
+                float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                const uint32_t body = n - n % 8;
+                for (uint32_t c = 0; c < n; c++) {
+                    const float pr = a[c] * x[j][c];
+                    s[c < body ? c % 8 : c - body] += pr;
+                }
+                want[j] = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+            }
+            for (uint32_t c = 0; c < n; c++) {
+                float v = y0[c];
+                for (int j = 0; j < 4; j++) {
+                    const float pr = w[j] * x[j][c];
+                    v = v + pr;
+                }
+                yr[c] = v;
+            }
+            for (int k = 0; k < 4; k++) {
+                const k3_kern_path *p = k3_kern_path_find(paths[k]);
+                if (!p || !p->dot8x4 || !p->axpy4)
+                    continue;
+                float got[4];
+                p->dot8x4(a, (const float *const *)x, n, got);
+                if (!same_floats(got, want, 4))
+                    k3t_fail(__FILE__, __LINE__, "%s: dot8x4 of length %u: %a %a %a %a, defined %a %a %a %a", paths[k],
+                             n, (double)got[0], (double)got[1], (double)got[2], (double)got[3], (double)want[0],
+                             (double)want[1], (double)want[2], (double)want[3]);
+                memcpy(y1, y0, NMAX * sizeof *y1);
+                p->axpy4(y1, w, (const float *const *)x, n);
+                if (!same_floats(y1, yr, n) || memcmp(y1 + n, y0 + n, (NMAX - n) * sizeof *y1))
+                    k3t_fail(__FILE__, __LINE__, "%s: axpy4 of length %u differs from its definition", paths[k], n);
+            }
+        }
+    for (int j = 0; j < 4; j++)
+        free(x[j]);
+    free(a), free(y0), free(y1), free(yr);
 }
