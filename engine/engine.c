@@ -315,7 +315,9 @@ static void seq_mem(const k3_cfg *c, uint32_t max_ctx, uint32_t nthreads, uint64
 {
     uint64_t scratch;
     k3_stream_model_mem(c, 1, max_ctx, nthreads, &scratch, kv, state);
-    *scores = (uint64_t)(nthreads ? nthreads : 1) * max_ctx * sizeof(float);
+    k3_model_mem mm;
+    k3_model_mem_need(c, 1, max_ctx, nthreads, &mm);
+    *scores = mm.scores;
 }
 
 static uint64_t seq_bytes(const k3_engine *en, uint32_t max_ctx)

@@ -9,11 +9,15 @@
  *   p = softmax over s <= pos (max first, sum of exp in double, s ascending)
  *   o_lat_h[c] = sum_s p_s * lat_s[c]                     s ascending, float
  *   o_h        = Wvb_h . o_lat_h                          (k3 kernel)
- * dot() is k3_mla_dot: eight interleaved float partial sums combined in a fixed
- * tree (k3_mla_dot4 runs four positions' dots side by side, each the same). The absorption runs per head over blocks of rows (the head's slice
- * of W_kv_b read once per block); the rest, every (row, head) pair, is one
- * unit of parallel work. A row attends over its own session's cache (the
- * segment it belongs to, m->rowseg), never another's.
+ * dot() is k3_dot8x4's (k3_kern.h): eight interleaved float partial sums
+ * combined in a fixed tree, four positions at a time on every path; the
+ * weighted sum adds four positions at a time with k3_axpy4, in ascending
+ * order. The absorption runs per head over blocks of rows (the head's
+ * slice of W_kv_b read once per block). Scores and sums run per row and
+ * group of up to K3_MLA_HEAD_GROUP heads, one unit of parallel work each:
+ * the group walks the row's cache once (a position's latent is read once
+ * per group, not once per head). A row attends over its own session's
+ * cache (the segment it belongs to, m->rowseg), never another's.
  */
 #include <omp.h>
 #include <string.h>
@@ -42,36 +46,6 @@ static inline float f16_widen(uint16_t h)
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
-}
-
-static float k3_mla_dot(const float *a, const float *b, uint32_t n)
-{
-    float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    uint32_t c = 0;
-    for (; c + 8 <= n; c += 8)
-        for (int l = 0; l < 8; l++)
-            p[l] += a[c + l] * b[c + l];
-    for (uint32_t l = 0; c < n; c++, l++)
-        p[l] += a[c] * b[c];
-    return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
-}
-
-/* k3_mla_dot of a with each of b[0..4), interleaved: four independent chains
- * of additions instead of one, each dot in its own order, so the same bits. */
-static void k3_mla_dot4(const float *a, const float *const b[4], uint32_t n, float out[4])
-{
-    float p[4][8];
-    memset(p, 0, sizeof p);
-    uint32_t c = 0;
-    for (; c + 8 <= n; c += 8)
-        for (int d = 0; d < 4; d++)
-            for (int l = 0; l < 8; l++)
-                p[d][l] += a[c + l] * b[d][c + l];
-    for (uint32_t l = 0; c < n; c++, l++)
-        for (int d = 0; d < 4; d++)
-            p[d][l] += a[c] * b[d][c];
-    for (int d = 0; d < 4; d++)
-        out[d] = ((p[d][0] + p[d][4]) + (p[d][1] + p[d][5])) + ((p[d][2] + p[d][6]) + (p[d][3] + p[d][7]));
 }
 
 /* Rows the absorption takes per head at a time: their queries and latents
@@ -110,6 +84,73 @@ static void absorb_rows(const k3_view *W, uint64_t row0, uint32_t nope, uint32_t
     }
 }
 
+/* Attention of one row for heads [h0, h0 + nh) over positions [0, n) of
+ * its cache: q holds the heads' queries (QK apart: nope part, then rope
+ * part), ql their absorbed latents (KVL apart); sc has nh score rows of
+ * sc_stride floats; head k's output goes to ol + k * ol_stride. Positions
+ * are the outer loop in blocks of 4, the group's heads inner; per head
+ * every sum runs over positions ascending, as one head at a time would. */
+static void attend_heads(const float *cache, uint32_t n, const k3_dims *d, const float *q, const float *ql,
+                         uint32_t nh, float scale, float *sc, uint64_t sc_stride, float *ol, uint64_t ol_stride)
+{
+    const uint32_t NOPE = d->NOPE, ROPE = d->ROPE, QK = d->QK, KVL = d->KVL, CL = KVL + ROPE;
+    float mx[K3_MLA_HEAD_GROUP];
+    for (uint32_t k = 0; k < nh; k++)
+        mx[k] = -INFINITY;
+    for (uint32_t p4 = 0; p4 < n; p4 += 4) {
+        const uint32_t np = n - p4 < 4 ? n - p4 : 4;
+        const float *cp[4], *cr[4];
+        for (uint32_t j = 0; j < 4; j++) {   /* a short last block repeats its last position */
+            cp[j] = cache + (uint64_t)(p4 + (j < np ? j : np - 1)) * CL;
+            cr[j] = cp[j] + KVL;
+        }
+        for (uint32_t k = 0; k < nh; k++) {
+            float lat[4], rope[4], *sk = sc + k * sc_stride;
+            k3_dot8x4(ql + (uint64_t)k * KVL, cp, KVL, lat);
+            k3_dot8x4(q + (uint64_t)k * QK + NOPE, cr, ROPE, rope);
+            for (uint32_t j = 0; j < np; j++) {
+                sk[p4 + j] = (lat[j] + rope[j]) * scale;
+                if (sk[p4 + j] > mx[k])
+                    mx[k] = sk[p4 + j];
+            }
+        }
+    }
+    float inv[K3_MLA_HEAD_GROUP];
+    for (uint32_t k = 0; k < nh; k++) {
+        float *sk = sc + k * sc_stride;
+        double sum = 0.0;
+        for (uint32_t p = 0; p < n; p++) {
+            sk[p] = k3_expf(sk[p] - mx[k]);
+            sum += sk[p];
+        }
+        inv[k] = (float)(1.0 / sum);
+        float *o = ol + k * ol_stride;
+        for (uint32_t c = 0; c < KVL; c++)
+            o[c] = 0.0f;
+    }
+    uint32_t p = 0;
+    for (; p + 4 <= n; p += 4) {
+        const float *cp[4];
+        for (uint32_t j = 0; j < 4; j++)
+            cp[j] = cache + (uint64_t)(p + j) * CL;
+        for (uint32_t k = 0; k < nh; k++) {
+            const float *sk = sc + k * sc_stride;
+            const float w[4] = {sk[p] * inv[k], sk[p + 1] * inv[k], sk[p + 2] * inv[k], sk[p + 3] * inv[k]};
+            k3_axpy4(ol + k * ol_stride, w, cp, KVL);
+        }
+    }
+    for (; p < n; p++) {
+        const float *cp = cache + (uint64_t)p * CL;
+        for (uint32_t k = 0; k < nh; k++) {
+            const float w = sc[k * sc_stride + p] * inv[k];
+            float *o = ol + k * ol_stride;
+#pragma omp simd
+            for (uint32_t c = 0; c < KVL; c++)
+                o[c] += w * cp[c];
+        }
+    }
+}
+
 int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3_err *e)
 {
     const k3_dims *d = &m->d;
@@ -138,7 +179,6 @@ int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     const k3_view *kvb = &v[K3_W_MLA_KVB];
     const uint32_t kvb_rows_per_head = NOPE + VD;
     const float scale = 1.0f / sqrtf((float)QK);
-    const uint32_t pairs = T * MH;
 
     /* absorb the key half of W_kv_b into each row's query: per head, a
      * block of rows at a time, so the head's slice of kv_b is read once per
@@ -153,57 +193,20 @@ int k3_mla_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
                     m->mqlat + (uint64_t)h * KVL, (uint64_t)MH * KVL, t0, t1);
     });
 
+    /* every (row, group of heads) unit walks the row's cache once for all
+     * its heads: each position's latent is read once per group rather than
+     * once per head; each head's scores, softmax and sum are its own, in
+     * the same order as one head at a time */
+    const uint32_t HG = k3_mla_head_group(MH), ngrp = (MH + HG - 1) / HG;
     K3_PAR_FOR_DYNAMIC(work > K3_PAR_MIN, m->nthreads,
-    for (uint32_t pi = 0; pi < pairs; pi++) {
-        const uint32_t t = pi / MH, h = pi % MH;
+    for (uint32_t u = 0; u < T * ngrp; u++) {
+        const uint32_t t = u / ngrp, h0 = u % ngrp * HG, nh = MH - h0 < HG ? MH - h0 : HG;
         const k3_seg *sg = &m->segs[m->rowseg[t]];
         const k3_sess *s = sg->s;
-        const float *cache = s->mla_cache + (uint64_t)idx * s->max_ctx * CL;
-        const float *q = m->mq + (uint64_t)t * MH * QK + (uint64_t)h * QK;
-        const float *ql = m->mqlat + ((uint64_t)t * MH + h) * KVL;
-        /* scores over positions 0..pos0+t */
-        const uint32_t n = s->pos + (t - sg->row) + 1;
-        float *sc = s->scores + (uint64_t)omp_get_thread_num() * s->max_ctx;
-        float mx = -INFINITY;
-        uint32_t p4 = 0;
-        for (; p4 + 4 <= n; p4 += 4) {
-            const float *cp[4], *cr[4];
-            for (int j = 0; j < 4; j++) {
-                cp[j] = cache + (uint64_t)(p4 + j) * CL;
-                cr[j] = cp[j] + KVL;
-            }
-            float lat[4], rope[4];
-            k3_mla_dot4(ql, cp, KVL, lat);
-            k3_mla_dot4(q + NOPE, cr, ROPE, rope);
-            for (int j = 0; j < 4; j++) {
-                sc[p4 + j] = (lat[j] + rope[j]) * scale;
-                if (sc[p4 + j] > mx)
-                    mx = sc[p4 + j];
-            }
-        }
-        for (uint32_t p = p4; p < n; p++) {
-            const float *cp = cache + (uint64_t)p * CL;
-            float a = k3_mla_dot(ql, cp, KVL) + k3_mla_dot(q + NOPE, cp + KVL, ROPE);
-            sc[p] = a * scale;
-            if (sc[p] > mx)
-                mx = sc[p];
-        }
-        double sum = 0.0;
-        for (uint32_t p = 0; p < n; p++) {
-            sc[p] = k3_expf(sc[p] - mx);
-            sum += sc[p];
-        }
-        const float inv = (float)(1.0 / sum);
-        float *ol = m->molat + ((uint64_t)h * T + t) * KVL;
-        for (uint32_t c = 0; c < KVL; c++)
-            ol[c] = 0.0f;
-        for (uint32_t p = 0; p < n; p++) {
-            const float w = sc[p] * inv;
-            const float *cp = cache + (uint64_t)p * CL;
-            _Pragma("omp simd")
-            for (uint32_t c = 0; c < KVL; c++)
-                ol[c] += w * cp[c];
-        }
+        attend_heads(s->mla_cache + (uint64_t)idx * s->max_ctx * CL, s->pos + (t - sg->row) + 1, d,
+                     m->mq + (uint64_t)t * MH * QK + (uint64_t)h0 * QK, m->mqlat + ((uint64_t)t * MH + h0) * KVL,
+                     nh, scale, s->scores + (uint64_t)omp_get_thread_num() * HG * s->max_ctx, s->max_ctx,
+                     m->molat + ((uint64_t)h0 * T + t) * KVL, (uint64_t)T * KVL);
     });
     /* values: per head, Wvb_h . o_lat_h for the chunk's tokens */
     K3_TRY(k3_model_mm_heads(m, kvb, MH, kvb_rows_per_head, NOPE, VD, m->molat, (uint64_t)T * KVL, T, m->mov, e));

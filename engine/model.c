@@ -417,7 +417,7 @@ void k3_model_mem_need(const k3_cfg *c, uint32_t max_chunk, uint32_t max_ctx, ui
     out->kv = fbytes((uint64_t)d->n_mla * max_ctx * (d->KVL + d->ROPE));
     out->state = sizeof(struct k3_sess) + fbytes((uint64_t)d->n_kda * d->H * d->D * d->D) +
                  fbytes((uint64_t)d->n_kda * 3 * (d->CW - 1) * d->P);
-    out->scores = fbytes((uint64_t)(nthreads ? nthreads : 1) * max_ctx);
+    out->scores = fbytes((uint64_t)(nthreads ? nthreads : 1) * k3_mla_head_group(d->MH) * max_ctx);
 }
 
 int k3_model_open(k3_model **out, k3_ws *ws, const k3_model_opts *opts, k3_err *e)
@@ -587,7 +587,7 @@ int k3_sess_create(k3_sess **out, const k3_model *m, uint32_t max_ctx, k3_err *e
     s->kda_state = falloc((uint64_t)d->n_kda * d->H * d->D * d->D, &bad);
     s->conv_hist = falloc((uint64_t)d->n_kda * 3 * (d->CW - 1) * d->P, &bad);
     s->mla_cache = falloc((uint64_t)d->n_mla * max_ctx * (d->KVL + d->ROPE), &bad);
-    s->scores = falloc((uint64_t)m->nthreads * max_ctx, &bad);
+    s->scores = falloc((uint64_t)m->nthreads * k3_mla_head_group(d->MH) * max_ctx, &bad);
     if (bad) {
         k3_sess_free(s);
         return k3_err_set(e, K3_ENOMEM, "out of memory for a session of %u tokens", max_ctx);

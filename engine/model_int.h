@@ -90,9 +90,17 @@ struct k3_sess {
     float *kda_state;   /* n_kda x H x D x D, rows = key channels */
     float *conv_hist;   /* n_kda x 3 x (CW-1) x P, oldest first; q, k, v */
     float *mla_cache;   /* n_mla x max_ctx x (KVL + ROPE) */
-    float *scores;      /* nthreads x max_ctx */
+    float *scores;      /* nthreads x head group x max_ctx (mla.c) */
     uint32_t dist_id;   /* its number in rank 0's orders (k3_dist.h) */
 };
+
+/* MLA attends one row for a group of up to K3_MLA_HEAD_GROUP heads at a
+ * time (mla.c), each with a score row of max_ctx floats per thread. */
+#define K3_MLA_HEAD_GROUP 8u
+static inline uint32_t k3_mla_head_group(uint32_t heads)
+{
+    return heads == 0 ? 1 : heads < K3_MLA_HEAD_GROUP ? heads : K3_MLA_HEAD_GROUP;
+}
 
 /* Below this much work (multiply-adds) a loop is not worth waking threads
  * for: on a busy machine a fork/join costs milliseconds. Never affects

@@ -132,7 +132,8 @@ int k3_engine_plan(k3_engine *en, const k3_engine_size *sz, const k3_stream_plan
  *   seq_bytes     one sequence of the plan's max_ctx: seq_state (the KDA
  *                 recurrent state and conv history, fixed: about 0.44 GB at
  *                 K3 size) + seq_kv (the MLA latents, 576 floats per MLA
- *                 layer and position) + seq_scores (threads x max_ctx floats)
+ *                 layer and position) + seq_scores (max_ctx floats per
+ *                 thread and each of up to 8 heads)
  *   planned_seqs  the sequences the plan counts (k3_engine_size.max_seqs)
  *   max_seqs      streamed: the most sequences of max_ctx the budget holds
  *                 with the weights at their floor (planned_seqs + what the

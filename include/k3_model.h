@@ -40,8 +40,9 @@ void k3_model_close(k3_model *m);   /* accepts NULL */
  * model = the model and its scratch for chunks of max_chunk (0: 64) tokens;
  * per session: kv (the MLA latent cache of max_ctx positions), state
  * (KDA state, conv history, the session itself) and scores (attention
- * scores, nthreads x max_ctx). Vectors are counted at the config's sizes (an
- * A_log padded to D values takes D - H floats more). The memory planner's
+ * scores: nthreads x max_ctx floats for each of up to 8 heads). Vectors
+ * are counted at the config's sizes (an A_log padded to D values takes
+ * D - H floats more). The memory planner's
  * model sizes are these (k3_stream_model_mem); tests/t_schema.c checks them
  * against what open and create allocate. */
 typedef struct k3_model_mem {
