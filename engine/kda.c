@@ -8,7 +8,8 @@
  * D x D matrix per head, rows = key channels). (Segment, head) pairs are
  * independent and are split across threads; within a head every loop has
  * one fixed order and everything except the stored state
- * is double:
+ * is double (the state's two passes are k3_kda_step, k3_kern.h, vectorised
+ * over the state's columns on every path with the same bits):
  *   conv   = sum_i w[i] * x[t-CW+1+i]               i ascending, then SiLU
  *   q, k   = x / sqrt(sum x^2 + 1e-6)               sums i ascending; q also * D^-0.5
  *   decay  = exp(lb * sigmoid(exp(A_log) * (z + dt_bias))),  beta = sigmoid(b)
@@ -93,7 +94,7 @@ int k3_kda_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
     for (uint32_t un = 0; un < units; un++) {
         const k3_seg *sg = &m->segs[un / H];
         const uint32_t h = un % H;
-        double q[D], k[D], decay[D], dl[D], u[D], o[D];
+        double q[D], k[D], decay[D], o[D];
         float *S = sg->s->kda_state + ((uint64_t)idx * H + h) * D * D;
         const double ah = k3_exp((double)alog[h]);
         for (uint32_t t = sg->row; t < sg->row + sg->n; t++) {
@@ -114,30 +115,7 @@ int k3_kda_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
                 const double z = ah * ((double)m->kz[off + i] + (double)dtb[(uint64_t)h * D + i]);
                 decay[i] = k3_exp(lb / (1.0 + k3_exp(-z)));
             }
-            for (uint32_t j = 0; j < D; j++)
-                u[j] = 0.0;
-            for (uint32_t i = 0; i < D; i++) {
-                float *row = S + (uint64_t)i * D;
-                const double di = decay[i], ki = k[i];
-                _Pragma("omp simd")
-                for (uint32_t j = 0; j < D; j++) {
-                    row[j] = (float)((double)row[j] * di);
-                    u[j] += (double)row[j] * ki;
-                }
-            }
-            for (uint32_t j = 0; j < D; j++) {
-                dl[j] = beta * ((double)vf[j] - u[j]);
-                o[j] = 0.0;
-            }
-            for (uint32_t i = 0; i < D; i++) {
-                float *row = S + (uint64_t)i * D;
-                const double ki = k[i], qi = q[i];
-                _Pragma("omp simd")
-                for (uint32_t j = 0; j < D; j++) {
-                    row[j] = (float)((double)row[j] + ki * dl[j]);
-                    o[j] += (double)row[j] * qi;
-                }
-            }
+            k3_kda_step(S, D, decay, k, q, vf, beta, o);
             /* head-wise RMSNorm, then the output gate */
             double ss = 0.0;
             for (uint32_t j = 0; j < D; j++)

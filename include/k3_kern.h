@@ -97,6 +97,15 @@ void k3_situ(float *g, const float *u, uint64_t n, float b1, float b2);
  * four weighted sums into y in that order. */
 void k3_dot8x4(const float *a, const float *const b[4], uint32_t n, float out[4]);
 void k3_axpy4(float *y, const float w[4], const float *const x[4], uint32_t n);
+/* One token of KDA's delta rule (engine/kda.c) on a head's D x D float
+ * state S (row i = key channel i), in double, the same bits on every path:
+ *   S[i][j] = (float)(S[i][j] decay[i]),   u[j] = sum_i S[i][j] k[i]
+ *   dl[j]   = beta (v[j] - u[j])
+ *   S[i][j] = (float)(S[i][j] + k[i] dl[j]),   o[j] = sum_i S[i][j] q[i]
+ * each S[i][j] widened from the float just stored; the sums over i
+ * ascending from 0.0; products rounded before they are added (no FMA). */
+void k3_kda_step(float *S, uint32_t D, const double *decay, const double *k, const double *q, const float *v,
+                 double beta, double *o);
 
 void k3_bf16_to_f32_n(const uint16_t *src, float *dst, uint64_t n);
 void k3_f32_to_bf16_n(const float *src, uint16_t *dst, uint64_t n);

@@ -704,4 +704,5 @@ const k3_kern_path k3_kern_path_avx2 = {
     .situ = k3_kern_situ_avx2,
     .dot8x4 = k3_kern_dot8x4_avx2,
     .axpy4 = k3_kern_axpy4_avx2,
+    .kda_step = k3_kern_kda_step_avx2,
 };

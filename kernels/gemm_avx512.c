@@ -991,4 +991,5 @@ const k3_kern_path k3_kern_path_avx512 = {
     .situ = k3_kern_situ_avx512,
     .dot8x4 = k3_kern_dot8x4_avx2,
     .axpy4 = k3_kern_axpy4_avx2,
+    .kda_step = k3_kern_kda_step_avx512,
 };

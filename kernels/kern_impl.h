@@ -27,6 +27,8 @@ typedef void (*k3_kern_f32_rows_fn)(const float *W, uint64_t rows, uint64_t cols
 typedef void (*k3_kern_situ_fn)(float *g, const float *u, uint64_t n, float b1, float b2);
 typedef void (*k3_kern_dot8x4_fn)(const float *a, const float *const b[4], uint32_t n, float out[4]);
 typedef void (*k3_kern_axpy4_fn)(float *y, const float w[4], const float *const x[4], uint32_t n);
+typedef void (*k3_kern_kda_step_fn)(float *S, uint32_t D, const double *decay, const double *k, const double *q,
+                                    const float *v, double beta, double *o);
 
 /* One entry per weight type. gemm_f16_rows takes IEEE half weights (same
  * signature as bf16). A path may leave gemm_f32_rows / gemm_f16_rows NULL:
@@ -41,6 +43,7 @@ typedef struct k3_kern_path {
     k3_kern_situ_fn situ;   /* k3_situ; NULL: the scalar one */
     k3_kern_dot8x4_fn dot8x4;   /* k3_dot8x4; NULL: the scalar one */
     k3_kern_axpy4_fn axpy4;     /* k3_axpy4; NULL: the scalar one */
+    k3_kern_kda_step_fn kda_step;   /* k3_kda_step; NULL: the scalar one */
 } k3_kern_path;
 
 extern const k3_kern_path k3_kern_path_scalar;
@@ -55,6 +58,16 @@ void k3_kern_dot8x4_scalar(const float *a, const float *const b[4], uint32_t n, 
 void k3_kern_axpy4_scalar(float *y, const float w[4], const float *const x[4], uint32_t n);      /* ref.c */
 void k3_kern_dot8x4_avx2(const float *a, const float *const b[4], uint32_t n, float out[4]);     /* attn_avx2.c */
 void k3_kern_axpy4_avx2(float *y, const float w[4], const float *const x[4], uint32_t n);        /* attn_avx2.c */
+/* k3_kda_step for the state's columns [j0, j1) only (ref.c): the scalar
+ * path, and the vector paths' code for columns left over. */
+void k3_kern_kda_cols(float *S, uint32_t D, uint32_t j0, uint32_t j1, const double *decay, const double *k,
+                      const double *q, const float *v, double beta, double *o);
+void k3_kern_kda_step_scalar(float *S, uint32_t D, const double *decay, const double *k, const double *q,
+                             const float *v, double beta, double *o);   /* ref.c */
+void k3_kern_kda_step_avx2(float *S, uint32_t D, const double *decay, const double *k, const double *q,
+                           const float *v, double beta, double *o);     /* kda_avx2.c */
+void k3_kern_kda_step_avx512(float *S, uint32_t D, const double *decay, const double *k, const double *q,
+                             const float *v, double beta, double *o);   /* kda_avx512.c */
 /* k3_dot8x4's last steps from the partial sums p of elements [0, c): the
  * elements [c, n) into sums 0, 1, ..., then the combine (ref.c). */
 void k3_kern_dot8x4_finish(const float *a, const float *const b[4], uint32_t c, uint32_t n, float p[4][8],

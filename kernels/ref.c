@@ -467,6 +467,40 @@ void k3_axpy4(float *y, const float w[4], const float *const x[4], uint32_t n)
     (p->axpy4 ? p->axpy4 : k3_kern_axpy4_scalar)(y, w, x, n);
 }
 
+void k3_kern_kda_cols(float *S, uint32_t D, uint32_t j0, uint32_t j1, const double *decay, const double *k,
+                      const double *q, const float *v, double beta, double *o)
+{
+    for (uint32_t j = j0; j < j1; j++) {
+        double u = 0.0;
+        for (uint32_t i = 0; i < D; i++) {
+            float *s = S + (uint64_t)i * D + j;
+            *s = (float)((double)*s * decay[i]);
+            u += (double)*s * k[i];
+        }
+        const double dl = beta * ((double)v[j] - u);
+        double acc = 0.0;
+        for (uint32_t i = 0; i < D; i++) {
+            float *s = S + (uint64_t)i * D + j;
+            *s = (float)((double)*s + k[i] * dl);
+            acc += (double)*s * q[i];
+        }
+        o[j] = acc;
+    }
+}
+
+void k3_kern_kda_step_scalar(float *S, uint32_t D, const double *decay, const double *k, const double *q,
+                             const float *v, double beta, double *o)
+{
+    k3_kern_kda_cols(S, D, 0, D, decay, k, q, v, beta, o);
+}
+
+void k3_kda_step(float *S, uint32_t D, const double *decay, const double *k, const double *q, const float *v,
+                 double beta, double *o)
+{
+    const k3_kern_path *p = k3_kern_path_current();
+    (p->kda_step ? p->kda_step : k3_kern_kda_step_scalar)(S, D, decay, k, q, v, beta, o);
+}
+
 const k3_kern_path k3_kern_path_scalar = {
     .name = "scalar",
     .gemm_bf16_rows = ref_gemm_bf16_rows,
@@ -476,4 +510,5 @@ const k3_kern_path k3_kern_path_scalar = {
     .situ = k3_kern_situ_scalar,
     .dot8x4 = k3_kern_dot8x4_scalar,
     .axpy4 = k3_kern_axpy4_scalar,
+    .kda_step = k3_kern_kda_step_scalar,
 };

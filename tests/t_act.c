@@ -225,3 +225,69 @@ K3_TEST(kern_attention_dots_and_sums_every_path_match_their_definition)
         free(x[j]);
     free(a), free(y0), free(y1), free(yr);
 }
+
+/* k3_kda_step on every path against its definition in k3_kern.h written
+ * out here (the whole state decayed, then updated, as engine/kda.c once
+ * did it): head sizes 1 .. 40 and 64, 128, 130 (every block width and
+ * tail), states and inputs with signed zeros, subnormals, huge values,
+ * infinities and NaN; the state and o compared bit for bit. */
+K3_TEST(kern_kda_step_every_path_matches_its_definition)
+{
+    enum { DMAX = 130 };
+    float *S0 = malloc(DMAX * DMAX * sizeof *S0), *S1 = malloc(DMAX * DMAX * sizeof *S1),
+          *Sr = malloc(DMAX * DMAX * sizeof *Sr), v[DMAX];
+    double decay[DMAX], k[DMAX], q[DMAX], u[DMAX], dl[DMAX], o[DMAX], orf[DMAX];
+    CHECK(S0 && S1 && Sr);
+    const char *const paths[] = {"scalar", "avx2", "avx512", "neon"};
+    uint32_t dims[48], nd = 0;
+    for (uint32_t D = 1; D <= 40; D++)
+        dims[nd++] = D;
+    dims[nd++] = 64, dims[nd++] = 128, dims[nd++] = 130;
+    for (int round = 0; round < 12; round++)
+        for (uint32_t di = 0; di < nd; di++) {
+            const uint32_t D = dims[di];
+            const int plain = round % 3 != 0;
+            for (uint32_t i = 0; i < D * D; i++)
+                S0[i] = plain ? (float)((double)(rnd() >> 11) * 0x1p-53 * 2 - 1) : attn_value();
+            for (uint32_t i = 0; i < D; i++) {
+                const double r = (double)(rnd() >> 11) * 0x1p-53;
+                decay[i] = plain || i % 7 ? r : (double)attn_value();
+                k[i] = plain || i % 5 ? r * 2 - 1 : (double)attn_value();
+                q[i] = plain || i % 3 ? 1 - r : (double)attn_value();
+                v[i] = plain || i % 4 ? (float)(r * 8 - 4) : attn_value();
+            }
+            const double beta = plain ? 0.75 : (double)attn_value();
+            memcpy(Sr, S0, (size_t)D * D * sizeof *Sr);
+            for (uint32_t j = 0; j < D; j++)
+                u[j] = 0.0, o[j] = 0.0;
+            for (uint32_t i = 0; i < D; i++)
+                for (uint32_t j = 0; j < D; j++) {
+                    Sr[i * D + j] = (float)((double)Sr[i * D + j] * decay[i]);
+                    const double pr = (double)Sr[i * D + j] * k[i];
+                    u[j] = u[j] + pr;
+                }
+            for (uint32_t j = 0; j < D; j++)
+                dl[j] = beta * ((double)v[j] - u[j]);
+            for (uint32_t i = 0; i < D; i++)
+                for (uint32_t j = 0; j < D; j++) {
+                    const double up = k[i] * dl[j];
+                    Sr[i * D + j] = (float)((double)Sr[i * D + j] + up);
+                    const double pr = (double)Sr[i * D + j] * q[i];
+                    o[j] = o[j] + pr;
+                }
+            for (int p = 0; p < 4; p++) {
+                const k3_kern_path *kp = k3_kern_path_find(paths[p]);
+                if (!kp || !kp->kda_step)
+                    continue;
+                memcpy(S1, S0, (size_t)D * D * sizeof *S1);
+                kp->kda_step(S1, D, decay, k, q, v, beta, orf);
+                int bad = !same_floats(S1, Sr, D * D);
+                for (uint32_t j = 0; j < D && !bad; j++)
+                    bad = memcmp(&orf[j], &o[j], sizeof o[j]) && !(isnan(orf[j]) && isnan(o[j]));
+                if (bad)
+                    k3t_fail(__FILE__, __LINE__, "%s: kda_step of head size %u (round %d) differs from its definition",
+                             paths[p], D, round);
+            }
+        }
+    free(S0), free(S1), free(Sr);
+}
