@@ -34,14 +34,22 @@
 #include "k3_kern.h"
 #include "model_int.h"
 
+/* Channels a short_conv work unit takes: their SiLUs' exponentials go to
+ * k3_exp_n together. */
+#define CONV_BLOCK 256u
+
 /* y = SiLU(causal depthwise conv) for the pass's rows of P channels, each
  * segment on its own history (the CW-1 previous inputs, oldest first, at
- * hist_off floats into its session's conv_hist), advanced past its rows. */
+ * hist_off floats into its session's conv_hist), advanced past its rows.
+ * Blocks of channels are the parallel units; each channel's sums and SiLU
+ * are the same operations whatever the block. */
 static void short_conv(const k3_model *m, const float *in, const float *w, uint64_t hist_off, float *y)
 {
-    const uint32_t P = m->d.P, CW = m->d.CW, HW = CW - 1;
+    const uint32_t P = m->d.P, CW = m->d.CW, HW = CW - 1, nb = (P + CONV_BLOCK - 1) / CONV_BLOCK;
     K3_PAR_FOR((uint64_t)P * m->rows * CW > K3_PAR_MIN,
-    for (uint32_t c = 0; c < P; c++) {
+    for (uint32_t b = 0; b < nb; b++) {
+        const uint32_t c0 = b * CONV_BLOCK, nc = P - c0 < CONV_BLOCK ? P - c0 : CONV_BLOCK;
+        double acc[CONV_BLOCK], ex[CONV_BLOCK];
         for (uint32_t g = 0; g < m->nseg; g++) {
             const k3_seg *sg = &m->segs[g];
             float *hist = sg->s->conv_hist + hist_off;
@@ -49,20 +57,28 @@ static void short_conv(const k3_model *m, const float *in, const float *w, uint6
             float *y0 = y + (uint64_t)sg->row * P;
             const uint32_t T = sg->n;
             for (uint32_t t = 0; t < T; t++) {
-                double acc = 0.0;
-                for (uint32_t i = 0; i < CW; i++) {
-                    int64_t tau = (int64_t)t - (int64_t)HW + i;
-                    float x = tau >= 0 ? x0[(uint64_t)tau * P + c] : hist[(uint64_t)(HW + tau) * P + c];
-                    acc += (double)w[(uint64_t)c * CW + i] * (double)x;
+                for (uint32_t k = 0; k < nc; k++) {
+                    const uint32_t c = c0 + k;
+                    double a = 0.0;
+                    for (uint32_t i = 0; i < CW; i++) {
+                        int64_t tau = (int64_t)t - (int64_t)HW + i;
+                        float x = tau >= 0 ? x0[(uint64_t)tau * P + c] : hist[(uint64_t)(HW + tau) * P + c];
+                        a += (double)w[(uint64_t)c * CW + i] * (double)x;
+                    }
+                    acc[k] = a;
+                    ex[k] = -a;
                 }
-                y0[(uint64_t)t * P + c] = (float)(acc / (1.0 + k3_exp(-acc)));
+                k3_exp_n(ex, ex, nc);
+                for (uint32_t k = 0; k < nc; k++)
+                    y0[(uint64_t)t * P + c0 + k] = (float)(acc[k] / (1.0 + ex[k]));
             }
             /* new history: the last HW inputs of (hist, in); reads stay ahead of writes */
-            for (uint32_t k = 0; k < HW; k++) {
-                int64_t tau = (int64_t)T - (int64_t)HW + k;
-                hist[(uint64_t)k * P + c] =
-                    tau >= 0 ? x0[(uint64_t)tau * P + c] : hist[(uint64_t)(HW + tau) * P + c];
-            }
+            for (uint32_t c = c0; c < c0 + nc; c++)
+                for (uint32_t k = 0; k < HW; k++) {
+                    int64_t tau = (int64_t)T - (int64_t)HW + k;
+                    hist[(uint64_t)k * P + c] =
+                        tau >= 0 ? x0[(uint64_t)tau * P + c] : hist[(uint64_t)(HW + tau) * P + c];
+                }
         }
     });
 }
@@ -111,10 +127,12 @@ int k3_kda_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
                 k[i] = (double)kf[i] * rk;
             }
             const double beta = 1.0 / (1.0 + k3_exp(-(double)m->kb[(uint64_t)t * H + h]));
-            for (uint32_t i = 0; i < D; i++) {
-                const double z = ah * ((double)m->kz[off + i] + (double)dtb[(uint64_t)h * D + i]);
-                decay[i] = k3_exp(lb / (1.0 + k3_exp(-z)));
-            }
+            for (uint32_t i = 0; i < D; i++)
+                decay[i] = -(ah * ((double)m->kz[off + i] + (double)dtb[(uint64_t)h * D + i]));
+            k3_exp_n(decay, decay, D);
+            for (uint32_t i = 0; i < D; i++)
+                decay[i] = lb / (1.0 + decay[i]);
+            k3_exp_n(decay, decay, D);
             k3_kda_step(S, D, decay, k, q, vf, beta, o);
             /* head-wise RMSNorm, then the output gate */
             double ss = 0.0;
@@ -123,7 +141,10 @@ int k3_kda_forward(k3_model *m, uint32_t layer, const k3_view *v, uint32_t T, k3
             const double r = 1.0 / sqrt(ss / (double)D + eps);
             float *out = m->ko + off;
             for (uint32_t j = 0; j < D; j++)
-                out[j] = (float)((double)onorm[j] * (o[j] * r) / (1.0 + k3_exp(-(double)m->kg[off + j])));
+                q[j] = -(double)m->kg[off + j];   /* q is spent: the gate's exponentials */
+            k3_exp_n(q, q, D);
+            for (uint32_t j = 0; j < D; j++)
+                out[j] = (float)((double)onorm[j] * (o[j] * r) / (1.0 + q[j]));
         }
     });
     K3_TRY(k3_model_mm(m, &v[K3_W_KDA_O], m->ko, T, m->attn, e));

@@ -118,11 +118,12 @@ static void attend_heads(const float *cache, uint32_t n, const k3_dims *d, const
     float inv[K3_MLA_HEAD_GROUP];
     for (uint32_t k = 0; k < nh; k++) {
         float *sk = sc + k * sc_stride;
+        for (uint32_t p = 0; p < n; p++)
+            sk[p] = sk[p] - mx[k];
+        k3_expf_n(sk, sk, n);
         double sum = 0.0;
-        for (uint32_t p = 0; p < n; p++) {
-            sk[p] = k3_expf(sk[p] - mx[k]);
+        for (uint32_t p = 0; p < n; p++)
             sum += sk[p];
-        }
         inv[k] = (float)(1.0 / sum);
         float *o = ol + k * ol_stride;
         for (uint32_t c = 0; c < KVL; c++)

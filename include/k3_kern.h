@@ -81,6 +81,11 @@ float k3_e8m0_scale(uint8_t s);             /* 2^(s-127) (s = 0: subnormal 2^-12
  * these, never libm's exp/expf/tanhf. NaN in, NaN out; overflow gives inf. */
 double k3_exp(double x);
 float k3_expf(float x);
+/* y[i] = k3_exp(x[i]) for i < n, the same bits on every path, vectorised
+ * where the CPU allows (y may be x). */
+void k3_exp_n(double *y, const double *x, uint64_t n);
+/* y[i] = k3_expf(x[i]) in the same way. */
+void k3_expf_n(float *y, const float *x, uint64_t n);
 /* tanh x in the same way (from e^2|x| - 1, exact near 0); -0 stays -0. */
 float k3_tanhf(float x);
 /* SiTU-GLU of n pairs, in place: g[i] = [b1 tanh(g[i]/b1) sigmoid(g[i])]

@@ -1,6 +1,7 @@
 /*
  * act_avx2.c - SiTU-GLU (k3_situ) four lanes at a time in double: act_avx512.c
- * on AVX2 (the same steps; see there), the same bits as ref.c's.
+ * on AVX2 (the same steps; see there), the same bits as ref.c's; and
+ * k3_exp_n and k3_expf_n, four values at a time.
  */
 #include <immintrin.h>
 
@@ -86,4 +87,41 @@ void k3_kern_situ_avx2(float *g, const float *u, uint64_t n, float b1, float b2)
         _mm256_storeu_ps(g + i, situ8(x, y, vb1, vb2));
     }
     k3_kern_situ_scalar(g + i, u + i, n - i, b1, b2);
+}
+
+/* k3_exp of 4 doubles: act_avx512.c's k3_kern_exp_n_avx512 on AVX2 */
+void k3_kern_exp_n_avx2(double *y, const double *x, uint64_t n)
+{
+    const __m256d lo = _mm256_set1_pd(-708.0), hi = _mm256_set1_pd(709.0);
+    uint64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const __m256d v = _mm256_loadu_pd(x + i);
+        const __m256d ok = _mm256_and_pd(_mm256_cmp_pd(v, lo, _CMP_GE_OQ), _mm256_cmp_pd(v, hi, _CMP_LE_OQ));
+        if (_mm256_movemask_pd(ok) != 0xf) {
+            for (int l = 0; l < 4; l++)
+                y[i + l] = k3_exp(x[i + l]);
+            continue;
+        }
+        _mm256_storeu_pd(y + i, exp_core(v, k3_kern_exp_c, 14));
+    }
+    for (; i < n; i++)
+        y[i] = k3_exp(x[i]);
+}
+
+/* k3_expf of 4 floats: act_avx512.c's k3_kern_expf_n_avx512 on AVX2 */
+void k3_kern_expf_n_avx2(float *y, const float *x, uint64_t n)
+{
+    const __m128 inf = _mm_set1_ps(__builtin_inff()), abs = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+    uint64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const __m128 v = _mm_loadu_ps(x + i);
+        if (_mm_movemask_ps(_mm_cmp_ps(_mm_and_ps(v, abs), inf, _CMP_NLT_UQ))) {
+            for (int l = 0; l < 4; l++)
+                y[i + l] = k3_expf(x[i + l]);
+            continue;
+        }
+        _mm_storeu_ps(y + i, expf4(_mm256_cvtps_pd(v)));
+    }
+    for (; i < n; i++)
+        y[i] = k3_expf(x[i]);
 }

@@ -5,6 +5,8 @@
  * sides of each branch computed and the one ref.c takes kept), and every
  * float operation of the activation is the same float operation. Lanes whose
  * input is not finite, and the tail, go through the scalar functions.
+ * Also k3_exp_n and k3_expf_n, k3_exp and k3_expf of eight values at a
+ * time in the same way.
  */
 #include <immintrin.h>
 
@@ -94,4 +96,44 @@ void k3_kern_situ_avx512(float *g, const float *u, uint64_t n, float b1, float b
         _mm256_storeu_ps(g + i, situ8(x, y, vb1, vb2));
     }
     k3_kern_situ_scalar(g + i, u + i, n - i, b1, b2);
+}
+
+/* k3_exp of 8 doubles: lanes in [-708, 709] (where 2^k is a normal double)
+ * by exp_core, a block with any other lane (NaN, infinities, overflow,
+ * subnormal results) by the scalar k3_exp */
+void k3_kern_exp_n_avx512(double *y, const double *x, uint64_t n)
+{
+    const __m512d lo = _mm512_set1_pd(-708.0), hi = _mm512_set1_pd(709.0);
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m512d v = _mm512_loadu_pd(x + i);
+        const __mmask8 ok = _mm512_cmp_pd_mask(v, lo, _CMP_GE_OQ) & _mm512_cmp_pd_mask(v, hi, _CMP_LE_OQ);
+        if (ok != 0xff) {
+            for (int l = 0; l < 8; l++)
+                y[i + l] = k3_exp(x[i + l]);
+            continue;
+        }
+        _mm512_storeu_pd(y + i, exp_core(v, k3_kern_exp_c, 14));
+    }
+    for (; i < n; i++)
+        y[i] = k3_exp(x[i]);
+}
+
+/* k3_expf of 8 floats: finite lanes by expf8 (its range checks are
+ * k3_expf's), a block with a NaN or an infinity by the scalar k3_expf */
+void k3_kern_expf_n_avx512(float *y, const float *x, uint64_t n)
+{
+    const __m256 inf = _mm256_set1_ps(__builtin_inff()), abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, abs), inf, _CMP_NLT_UQ))) {
+            for (int l = 0; l < 8; l++)
+                y[i + l] = k3_expf(x[i + l]);
+            continue;
+        }
+        _mm256_storeu_ps(y + i, expf8(_mm512_cvtps_pd(v)));
+    }
+    for (; i < n; i++)
+        y[i] = k3_expf(x[i]);
 }

@@ -25,6 +25,8 @@ typedef void (*k3_kern_f32_rows_fn)(const float *W, uint64_t rows, uint64_t cols
                                     uint64_t r0, uint64_t r1);
 
 typedef void (*k3_kern_situ_fn)(float *g, const float *u, uint64_t n, float b1, float b2);
+typedef void (*k3_kern_exp_n_fn)(double *y, const double *x, uint64_t n);
+typedef void (*k3_kern_expf_n_fn)(float *y, const float *x, uint64_t n);
 typedef void (*k3_kern_dot8x4_fn)(const float *a, const float *const b[4], uint32_t n, float out[4]);
 typedef void (*k3_kern_axpy4_fn)(float *y, const float w[4], const float *const x[4], uint32_t n);
 typedef void (*k3_kern_kda_step_fn)(float *S, uint32_t D, const double *decay, const double *k, const double *q,
@@ -41,6 +43,8 @@ typedef struct k3_kern_path {
     k3_kern_f32_rows_fn gemm_f32_rows;
     k3_kern_bf16_rows_fn gemm_f16_rows;
     k3_kern_situ_fn situ;   /* k3_situ; NULL: the scalar one */
+    k3_kern_exp_n_fn exp_n;     /* k3_exp_n; NULL: the scalar one */
+    k3_kern_expf_n_fn expf_n;   /* k3_expf_n; NULL: the scalar one */
     k3_kern_dot8x4_fn dot8x4;   /* k3_dot8x4; NULL: the scalar one */
     k3_kern_axpy4_fn axpy4;     /* k3_axpy4; NULL: the scalar one */
     k3_kern_kda_step_fn kda_step;   /* k3_kda_step; NULL: the scalar one */
@@ -54,6 +58,12 @@ extern const k3_kern_path k3_kern_path_neon;    /* aarch64 builds only */
 void k3_kern_situ_scalar(float *g, const float *u, uint64_t n, float b1, float b2);   /* ref.c */
 void k3_kern_situ_avx512(float *g, const float *u, uint64_t n, float b1, float b2);   /* act_avx512.c */
 void k3_kern_situ_avx2(float *g, const float *u, uint64_t n, float b1, float b2);     /* act_avx2.c */
+void k3_kern_exp_n_scalar(double *y, const double *x, uint64_t n);   /* ref.c */
+void k3_kern_exp_n_avx512(double *y, const double *x, uint64_t n);   /* act_avx512.c */
+void k3_kern_exp_n_avx2(double *y, const double *x, uint64_t n);     /* act_avx2.c */
+void k3_kern_expf_n_scalar(float *y, const float *x, uint64_t n);    /* ref.c */
+void k3_kern_expf_n_avx512(float *y, const float *x, uint64_t n);    /* act_avx512.c */
+void k3_kern_expf_n_avx2(float *y, const float *x, uint64_t n);      /* act_avx2.c */
 void k3_kern_dot8x4_scalar(const float *a, const float *const b[4], uint32_t n, float out[4]);   /* ref.c */
 void k3_kern_axpy4_scalar(float *y, const float w[4], const float *const x[4], uint32_t n);      /* ref.c */
 void k3_kern_dot8x4_avx2(const float *a, const float *const b[4], uint32_t n, float out[4]);     /* attn_avx2.c */

@@ -427,6 +427,30 @@ void k3_situ(float *g, const float *u, uint64_t n, float b1, float b2)
     (p->situ ? p->situ : k3_kern_situ_scalar)(g, u, n, b1, b2);
 }
 
+void k3_kern_exp_n_scalar(double *y, const double *x, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        y[i] = k3_exp(x[i]);
+}
+
+void k3_exp_n(double *y, const double *x, uint64_t n)
+{
+    const k3_kern_path *p = k3_kern_path_current();
+    (p->exp_n ? p->exp_n : k3_kern_exp_n_scalar)(y, x, n);
+}
+
+void k3_kern_expf_n_scalar(float *y, const float *x, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        y[i] = k3_expf(x[i]);
+}
+
+void k3_expf_n(float *y, const float *x, uint64_t n)
+{
+    const k3_kern_path *p = k3_kern_path_current();
+    (p->expf_n ? p->expf_n : k3_kern_expf_n_scalar)(y, x, n);
+}
+
 void k3_kern_dot8x4_finish(const float *a, const float *const b[4], uint32_t c, uint32_t n, float p[4][8],
                            float out[4])
 {
@@ -508,6 +532,8 @@ const k3_kern_path k3_kern_path_scalar = {
     .gemm_f32_rows = ref_gemm_f32_rows,
     .gemm_f16_rows = ref_gemm_f16_rows,
     .situ = k3_kern_situ_scalar,
+    .exp_n = k3_kern_exp_n_scalar,
+    .expf_n = k3_kern_expf_n_scalar,
     .dot8x4 = k3_kern_dot8x4_scalar,
     .axpy4 = k3_kern_axpy4_scalar,
     .kda_step = k3_kern_kda_step_scalar,

@@ -291,3 +291,84 @@ K3_TEST(kern_kda_step_every_path_matches_its_definition)
         }
     free(S0), free(S1), free(Sr);
 }
+
+/* k3_exp_n on every path: k3_exp's bits for every element, over the whole
+ * range (overflow past 709.8, results that are subnormal below -708, zero
+ * past -745.2), the edges of the vector paths' range, the special values,
+ * and lengths 0 .. 19 (tails) and a long one; y may be x. */
+K3_TEST(kern_exp_n_every_path_gives_k3_exp)
+{
+    enum { N = 100003 };
+    double *x = malloc(N * sizeof *x), *want = malloc(N * sizeof *want), *y = malloc(N * sizeof *y);
+    CHECK(x && want && y);
+    static const double edge[] = {0.0, -0.0, 1e-310, -1e-310, INFINITY, -INFINITY, NAN, -NAN, -708.0, 709.0,
+                                  -708.0000001, 709.0000001, -708.4, 709.4, -745.2, -745.1, 709.8, 709.79, -1e300,
+                                  1e300, 0.5, -0.5, 1e-17};
+    const uint32_t ne = sizeof edge / sizeof *edge;
+    for (uint32_t i = 0; i < N; i++) {
+        const double r = (double)(rnd() >> 11) * 0x1p-53;
+        const uint32_t kind = (uint32_t)(rnd() % 16);
+        x[i] = kind == 0 ? edge[rnd() % ne] : kind == 1 ? -760 + 1480 * r : kind == 2 ? -1e-3 + 2e-3 * r : -30 + 60 * r;
+        want[i] = k3_exp(x[i]);
+    }
+    const char *const paths[] = {"scalar", "avx2", "avx512", "neon"};
+    for (int p = 0; p < 4; p++) {
+        const k3_kern_path *kp = k3_kern_path_find(paths[p]);
+        if (!kp || !kp->exp_n)
+            continue;
+        for (uint32_t n = 0; n < 20; n++)
+            for (uint32_t s = 0; s + n <= 200; s += 37) {
+                memset(y, 0xa5, 64 * sizeof *y);
+                kp->exp_n(y, x + s, n);
+                for (uint32_t i = 0; i < n; i++)
+                    if (memcmp(&y[i], &want[s + i], sizeof *y))
+                        k3t_fail(__FILE__, __LINE__, "%s: exp_n(%a) = %a, k3_exp %a", paths[p], x[s + i], y[i],
+                                 want[s + i]);
+            }
+        memcpy(y, x, N * sizeof *y);
+        kp->exp_n(y, y, N);   /* in place */
+        for (uint32_t i = 0; i < N; i++)
+            if (memcmp(&y[i], &want[i], sizeof *y) && !(isnan(y[i]) && isnan(want[i]))) {
+                k3t_fail(__FILE__, __LINE__, "%s: exp_n(%a) = %a in place, k3_exp %a", paths[p], x[i], y[i], want[i]);
+                break;
+            }
+    }
+    free(x), free(want), free(y);
+}
+
+/* k3_expf_n on every path: k3_expf's bits for every element, over its whole
+ * range (inf past 89, 0 below -104), the special values, tails and in place. */
+K3_TEST(kern_expf_n_every_path_gives_k3_expf)
+{
+    enum { N = 100003 };
+    float *x = malloc(N * sizeof *x), *want = malloc(N * sizeof *want), *y = malloc(N * sizeof *y);
+    CHECK(x && want && y);
+    static const float edge[] = {0.0f, -0.0f, 1e-40f, -1e-40f, INFINITY, -INFINITY, NAN, 89.0f, 89.00001f,
+                                 -104.0f, -104.00001f, -87.5f, -100.0f, 88.7f, 3e38f, -3e38f};
+    const uint32_t ne = sizeof edge / sizeof *edge;
+    for (uint32_t i = 0; i < N; i++) {
+        const float r = (float)((double)(rnd() >> 11) * 0x1p-53);
+        const uint32_t kind = (uint32_t)(rnd() % 16);
+        x[i] = kind == 0 ? edge[rnd() % ne] : kind == 1 ? -110 + 200 * r : kind == 2 ? -1e-3f + 2e-3f * r : -30 * r;
+        want[i] = k3_expf(x[i]);
+    }
+    const char *const paths[] = {"scalar", "avx2", "avx512", "neon"};
+    for (int p = 0; p < 4; p++) {
+        const k3_kern_path *kp = k3_kern_path_find(paths[p]);
+        if (!kp || !kp->expf_n)
+            continue;
+        for (uint32_t n = 0; n < 20; n++)
+            for (uint32_t s = 0; s + n <= 200; s += 37) {
+                kp->expf_n(y, x + s, n);
+                for (uint32_t i = 0; i < n; i++)
+                    if (memcmp(&y[i], &want[s + i], sizeof *y))
+                        k3t_fail(__FILE__, __LINE__, "%s: expf_n(%a) = %a, k3_expf %a", paths[p], (double)x[s + i],
+                                 (double)y[i], (double)want[s + i]);
+            }
+        memcpy(y, x, N * sizeof *y);
+        kp->expf_n(y, y, N);
+        if (!same_floats(y, want, N))
+            k3t_fail(__FILE__, __LINE__, "%s: expf_n in place differs from k3_expf", paths[p]);
+    }
+    free(x), free(want), free(y);
+}
