@@ -357,4 +357,9 @@ const k3_kern_path k3_kern_path_neon = {
     .gemm_mx_rows = neon_gemm_mx_rows,
     .gemm_f32_rows = neon_gemm_f32_rows,
     .gemm_f16_rows = neon_gemm_f16_rows,
+    .exp_n = k3_kern_exp_n_neon,
+    .expf_n = k3_kern_expf_n_neon,
+    .dot8x4 = k3_kern_dot8x4_neon,
+    .axpy4 = k3_kern_axpy4_neon,
+    .kda_step = k3_kern_kda_step_neon,
 };

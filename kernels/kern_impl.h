@@ -64,6 +64,12 @@ void k3_kern_exp_n_avx2(double *y, const double *x, uint64_t n);     /* act_avx2
 void k3_kern_expf_n_scalar(float *y, const float *x, uint64_t n);    /* ref.c */
 void k3_kern_expf_n_avx512(float *y, const float *x, uint64_t n);    /* act_avx512.c */
 void k3_kern_expf_n_avx2(float *y, const float *x, uint64_t n);      /* act_avx2.c */
+void k3_kern_exp_n_neon(double *y, const double *x, uint64_t n);     /* attn_neon.c */
+void k3_kern_expf_n_neon(float *y, const float *x, uint64_t n);      /* attn_neon.c */
+void k3_kern_dot8x4_neon(const float *a, const float *const b[4], uint32_t n, float out[4]);     /* attn_neon.c */
+void k3_kern_axpy4_neon(float *y, const float w[4], const float *const x[4], uint32_t n);        /* attn_neon.c */
+void k3_kern_kda_step_neon(float *S, uint32_t D, const double *decay, const double *k, const double *q,
+                           const float *v, double beta, double *o);     /* attn_neon.c */
 void k3_kern_dot8x4_scalar(const float *a, const float *const b[4], uint32_t n, float out[4]);   /* ref.c */
 void k3_kern_axpy4_scalar(float *y, const float w[4], const float *const x[4], uint32_t n);      /* ref.c */
 void k3_kern_dot8x4_avx2(const float *a, const float *const b[4], uint32_t n, float out[4]);     /* attn_avx2.c */
