@@ -56,8 +56,8 @@ int k3_probe_run(const char *dir, const k3_cfg *c, k3_probe *p, k3_err *e);
 
 /* Time the rest (k3_probe_rest) of the model c at each distinct chunk of
  * chunks[0..n) (at most K3_PROBE_REST_MAX; include 1 for decode), on models
- * held in memory: about 7 s and under 275 MB at K3 width. On error
- * p->n_rest is 0. */
+ * held in memory: about 4 s (7 s before the attention kernels) and under
+ * 275 MB at K3 width. On error p->n_rest is 0. */
 int k3_probe_rest_run(const k3_cfg *c, const uint32_t *chunks, uint32_t n, k3_probe *p, k3_err *e);
 
 /* The prompt's routes as the model's own routers give them (probe_route.c):
