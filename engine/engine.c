@@ -313,10 +313,10 @@ void k3_engine_get_info(const k3_engine *en, k3_engine_info *info)
 static void seq_mem(const k3_cfg *c, uint32_t max_ctx, uint32_t nthreads, uint64_t *state, uint64_t *kv,
                     uint64_t *scores)
 {
-    uint64_t scratch;
-    k3_stream_model_mem(c, 1, max_ctx, nthreads, &scratch, kv, state);
     k3_model_mem mm;
     k3_model_mem_need(c, 1, max_ctx, nthreads, &mm);
+    *state = mm.state;
+    *kv = mm.kv;
     *scores = mm.scores;
 }
 
