@@ -3,15 +3,15 @@
  * decode row, and one chunk of rows, at a context of N positions, for an
  * MLA layer and a KDA layer with the head counts and sizes of the model's
  * config. MLA's scores and weighted sums walk the whole latent cache for
- * every head, so its decode cost grows with N; the KDA recurrence does not.
+ * every row, so its decode cost grows with N; the KDA recurrence does not.
  *
- * The layers are one-layer models held in memory (k3_ws_mem), as the probe
- * builds them (runtime/probe_rest.c): the model's heads, head sizes, latent
- * rank and expert inner width, a hidden size of at most 1024 and top-k
- * experts of latent width 32, so that a context of thousands of positions
- * is prefilled in seconds. What is printed is the layer's time less its
- * matrix products (k3_model_times.products): the attention's own work,
- * activations, norms and routing. Each context is prefilled once (chunks of
+ * The layers are one-layer models held in memory (k3_ws_mem), the probe's
+ * own (k3_probe_rest_cfg, runtime/probe_rest.c): the model's heads, head
+ * sizes, latent rank and expert inner width, a hidden size of at most 1024
+ * and top-k experts of latent width 32, so that a context of thousands of
+ * positions is prefilled in seconds. What is printed is the layer's time
+ * less its matrix products (k3_model_times.products): the attention's own
+ * work, activations, norms and routing. Each context is prefilled once (chunks of
  * 64, not timed) into a base session; every repetition copies it and times
  * one pass from there.
  *
@@ -29,10 +29,7 @@
 #include "k3_kern.h"
 #include "k3_model.h"
 #include "k3_ws.h"
-
-#define HIDDEN_MAX 1024u
-#define LATENT 32u
-#define VOCAB 64u
+#include "../runtime/probe.h"
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -71,15 +68,9 @@ static double median_pass(k3_model *m, k3_sess *base, k3_sess *s, const uint32_t
 static int run_kind(const k3_cfg *c, int mla, const unsigned long *ctx, unsigned nctx, uint32_t rows,
                     unsigned long reps)
 {
-    k3_cfg q = *c;
-    q.num_hidden_layers = 1;
-    memset(q.is_mla, 0, sizeof q.is_mla);
-    q.is_mla[0] = (uint8_t)mla;
-    q.first_k_dense_replace = 0;
-    q.hidden_size = c->hidden_size < HIDDEN_MAX ? c->hidden_size : HIDDEN_MAX;
-    q.vocab_size = VOCAB;
-    q.routed_expert_hidden_size = LATENT;
-    q.num_experts = c->num_experts_per_token;
+    k3_cfg q;
+    k3_probe_rest_cfg(c, mla, &q);
+    const uint32_t V = q.vocab_size;
     const uint32_t cmax = (uint32_t)ctx[nctx - 1] + rows;
     k3_err e = {0};
     k3_ws *ws = NULL;
@@ -96,7 +87,7 @@ static int run_kind(const k3_cfg *c, int mla, const unsigned long *ctx, unsigned
     if (rc == 0)
         rc = k3_sess_create(&s, m, cmax, &e);
     for (uint32_t i = 0; ids && i < cmax; i++)
-        ids[i] = (7u * i + 3u) % VOCAB;
+        ids[i] = (7u * i + 3u) % V;
     double prev_dec = 0;
     unsigned long prev_ctx = 0;
     for (unsigned i = 0; rc == 0 && i < nctx; i++) {

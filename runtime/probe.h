@@ -60,6 +60,12 @@ int k3_probe_run(const char *dir, const k3_cfg *c, k3_probe *p, k3_err *e);
  * 275 MB at K3 width. On error p->n_rest is 0. */
 int k3_probe_rest_run(const k3_cfg *c, const uint32_t *chunks, uint32_t n, k3_probe *p, k3_err *e);
 
+/* The one-layer model the rest is timed on (probe_rest.c): c's layer of
+ * kind mla (1 MLA, 0 KDA) with LatentMoE, c's heads and expert inner width,
+ * a hidden size of at most 1024, top-k experts of latent width 32 and a
+ * vocabulary of 64 (bench_attn times the same model). */
+void k3_probe_rest_cfg(const k3_cfg *c, int mla, k3_cfg *out);
+
 /* The prompt's routes as the model's own routers give them (probe_route.c):
  * the router of up to K3_PROBE_ROUTE_LAYERS MoE layers, evenly spaced,
  * applied to each prompt id's embedding normalised by that layer's

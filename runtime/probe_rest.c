@@ -80,18 +80,24 @@ static int two_passes(k3_model *m, k3_sess *s, const uint32_t *ids, uint32_t C, 
     return 0;
 }
 
+void k3_probe_rest_cfg(const k3_cfg *c, int mla, k3_cfg *out)
+{
+    *out = *c;
+    out->num_hidden_layers = 1;
+    memset(out->is_mla, 0, sizeof out->is_mla);
+    out->is_mla[0] = (uint8_t)mla;
+    out->first_k_dense_replace = 0;
+    out->hidden_size = c->hidden_size < REST_HIDDEN ? c->hidden_size : REST_HIDDEN;
+    out->vocab_size = REST_VOCAB;
+    out->routed_expert_hidden_size = REST_LATENT;
+    out->num_experts = c->num_experts_per_token;
+}
+
 /* One kind of layer (mla 0 or 1) at every chunk of p->rest. */
 static int time_kind(const k3_cfg *c, int mla, uint32_t cmax, k3_probe *p, k3_err *e)
 {
-    k3_cfg q = *c;
-    q.num_hidden_layers = 1;
-    memset(q.is_mla, 0, sizeof q.is_mla);
-    q.is_mla[0] = (uint8_t)mla;
-    q.first_k_dense_replace = 0;
-    q.hidden_size = c->hidden_size < REST_HIDDEN ? c->hidden_size : REST_HIDDEN;
-    q.vocab_size = REST_VOCAB;
-    q.routed_expert_hidden_size = REST_LATENT;
-    q.num_experts = c->num_experts_per_token;
+    k3_cfg q;
+    k3_probe_rest_cfg(c, mla, &q);
     k3_ws *ws = NULL;
     k3_model *m = NULL;
     k3_sess *s = NULL;
