@@ -461,6 +461,52 @@ void k3_probe_prompt_experts(const k3_probe *p, const k3_cfg *c, const k3_probe_
     free(stamp);
 }
 
+/* Decode's hit rate after a prompt of n ids in passes of chunk, from the
+ * prompt's routes: the records its passes leave in each sampled layer's LRU
+ * (layer_passes), weighted by how often the prompt routed to each, times the
+ * chance that a decode route goes to an expert the prompt used at all. That
+ * chance is Good-Turing's: one less the share of the prompt's routes whose
+ * expert it used only once. A prompt whose ids all route alike (a model
+ * whose hidden state does not move, every id a repeat) gives 1 when its
+ * experts fit; a prompt of distinct ids that each route afresh gives about 0.
+ * The records decode itself brings in are not followed. -1 without routes. */
+static double decode_hit(const k3_probe *p, const k3_cfg *c, const k3_probe_routes *r, uint32_t n, uint32_t chunk,
+                         uint32_t slots)
+{
+    const uint32_t n_moe = c->num_hidden_layers > c->first_k_dense_replace
+                               ? c->num_hidden_layers - c->first_k_dense_replace : 0;
+    const uint32_t NE = c->num_experts, K = c->num_experts_per_token;
+    if (!r || !r->n_layers || !n || r->n_ids != n || r->num_experts != NE || r->top_k != K || !n_moe || !NE || !K)
+        return -1;
+    uint32_t *rows = malloc(NE * sizeof *rows), *cnt = malloc(NE * sizeof *cnt);
+    uint64_t *stamp = malloc(NE * sizeof *stamp);
+    double hit = -1;
+    if (rows && cnt && stamp) {
+        const uint32_t cap = slots / n_moe < NE ? slots / n_moe : NE;
+        const double N = (double)n * K;
+        hit = 0;
+        for (uint32_t l = 0; l < r->n_layers; l++) {
+            const uint32_t *sel = r->sel + (uint64_t)l * n * K;
+            k3_probe_xcost scratch = {0};
+            layer_passes(p, sel, n, K, NE, chunk, cap, rows, stamp, &scratch);
+            memset(cnt, 0, NE * sizeof *cnt);
+            for (uint64_t i = 0; i < (uint64_t)n * K; i++)
+                cnt[sel[i]]++;
+            double once = 0, held = 0;
+            for (uint32_t x = 0; x < NE; x++) {
+                once += cnt[x] == 1;
+                held += stamp[x] ? cnt[x] : 0;
+            }
+            hit += (1 - once / N) * held / N;
+        }
+        hit /= r->n_layers;
+    }
+    free(rows);
+    free(cnt);
+    free(stamp);
+    return hit;
+}
+
 /* The rest (k3_probe_rest) of every layer of c in one pass of C rows at
  * positions p0 ..: 0 when the probe has none for this chunk. */
 static double rest_pass(const k3_probe *p, const k3_cfg *c, uint32_t chunk, uint32_t C, uint32_t p0)
@@ -488,9 +534,15 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
                              ? c->num_hidden_layers - c->first_k_dense_replace : 0;
     const double E = c->num_experts, k = c->num_experts_per_token, rec = (double)p->rec_bytes;
     const double all = n_moe * E;
-    const double hit = all > 0 ? fmin(1.0, plan->expert_slots / all) : 1;
+    chunk = chunk ? chunk : 1;
+    /* decode: one id, the cache hitting as the prompt's routes leave it
+     * (decode_hit), or without routes in proportion to its share of all
+     * records */
+    double hit = decode_hit(p, c, r, n_ids, chunk, plan->expert_slots);
+    if (hit < 0)
+        hit = all > 0 ? fmin(1.0, plan->expert_slots / all) : 1;
+    out->decode_hit = hit;
     const double trunk_read = (double)plan->trunk_streamed / p->trunk_bps;
-    /* decode: one id, the cache hitting in proportion to its share of all records */
     /* every byte read is CRC'd on the cores the products run on */
     const double crc = p->crc_s * p->crc_share, trunk_crc = p->no_trunk_crc ? 0 : crc;
     out->decode_io = trunk_read + (p->expert_bps > 0 ? n_moe * k * (1 - hit) * rec / p->expert_bps : 0);
@@ -503,7 +555,6 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
     /* prompt: passes of `chunk` ids; the trunk read and multiplied once per
        pass, the head (its rows only) in the last pass alone, which alone asks
        for logits */
-    chunk = chunk ? chunk : 1;
     const uint32_t n = n_ids ? n_ids : chunk;
     uint64_t gb[K3_CFG_MAX_LAYERS + 1], row, stride;
     k3_stream_cfg_groups(c, gb, &row, &stride);
@@ -542,9 +593,9 @@ static void print_row(FILE *f, const char *pre, const char *name, const k3_probe
 {
     k3_probe_pred q;
     k3_probe_predict(p, c, pl, chunk, n_ids, r, &q);
-    fprintf(f, "%s  %-20s %9.2f GiB %5u %6.0f %10.3f %-8s %10.3f %-8s\n", pre, name, pl->budget / 1073741824.0, chunk,
-            q.experts_per_pass, q.prompt_s, k3_probe_bound_name(q.prompt_bound), q.decode_s,
-            k3_probe_bound_name(q.decode_bound));
+    fprintf(f, "%s  %-20s %9.2f GiB %5u %6.0f %10.3f %-8s %10.3f %-8s %5.1f%%\n", pre, name,
+            pl->budget / 1073741824.0, chunk, q.experts_per_pass, q.prompt_s, k3_probe_bound_name(q.prompt_bound),
+            q.decode_s, k3_probe_bound_name(q.decode_bound), 100 * q.decode_hit);
 }
 
 int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_size *sz, const k3_stream_plan *given,
@@ -640,10 +691,11 @@ int k3_probe_print(const char *dir, const k3_engine_opts *eo, const k3_engine_si
     }
     fprintf(f, "%spredicted s/token for these %u prompt ids and decode (reads + compute, not overlapped; the largest "
                "of reads, memory, compute names the bound), in the chunk each budget takes; experts: distinct records "
-               "per pass (%s):\n",
-            pre, n_ids, r.n_layers ? "routed" : "independent routes");
-    fprintf(f, "%s  %-20s %13s %5s %6s %10s %-8s %10s %-8s\n", pre, "budget", "", "chunk", "experts", "prompt", "bound",
-            "decode", "bound");
+               "per pass (%s); hits: decode's expert cache hits (%s):\n",
+            pre, n_ids, r.n_layers ? "routed" : "independent routes",
+            r.n_layers ? "what the prompt's passes leave, weighted by its routes" : "the cache's share of all records");
+    fprintf(f, "%s  %-20s %13s %5s %6s %10s %-8s %10s %-8s %6s\n", pre, "budget", "", "chunk", "experts", "prompt",
+            "bound", "decode", "bound", "hits");
     /* the budget asked: a preset is its row; a size goes in its place */
     int shown = !given;
     for (uint32_t i = 0; given && given_ram && i < NB; i++)

@@ -115,6 +115,7 @@ typedef struct k3_probe_pred {
     double prompt_rest;                /* of prompt_compute: what the layers compute besides products */
     double decode_io, decode_compute;
     double decode_rest;
+    double decode_hit;                 /* the expert cache's hit rate decode is priced at */
     k3_probe_bound prompt_bound, decode_bound;   /* the largest of reads, memory, compute - memory */
     double experts_per_pass;           /* distinct records per pass, all MoE layers */
     double expert_misses;              /* records the prompt reads */

@@ -139,14 +139,52 @@ K3_TEST(probe_predict_charges_the_crc_of_every_byte_read)
     /* prompt: one pass reads the streamed trunk and 4 records of 1000 bytes */
     CHECK(fabs(b.prompt_compute - a.prompt_compute - (500000 + 4000) * 0.5e-9 / 4) < 1e-15);
     CHECK(fabs(b.prompt_io - a.prompt_io) < 1e-15);
-    /* decode: the trunk and the k records of each of the 2 MoE layers (the
-     * cache holds 2 of 16: 7/8 miss) */
-    CHECK(fabs(b.decode_compute - a.decode_compute - (500000 + 2 * 2 * 1000 * 0.875) * 0.5e-9) < 1e-15);
+    /* decode: the trunk and the k records of each of the 2 MoE layers (one
+     * slot a layer holds expert 2, half the prompt's routes: half miss) */
+    CHECK(fabs(b.decode_compute - a.decode_compute - (500000 + 2 * 2 * 1000 * 0.5) * 0.5e-9) < 1e-15);
     CHECK_EQ_INT(b.decode_bound, a.decode_bound);
     p.no_trunk_crc = 1;
     k3_probe_predict(&p, &c, &pl, 4, 4, &r, &d);
-    CHECK(fabs(d.decode_compute - a.decode_compute - 2 * 2 * 1000 * 0.875 * 0.5e-9) < 1e-15);
+    CHECK(fabs(d.decode_compute - a.decode_compute - 2 * 2 * 1000 * 0.5 * 0.5e-9) < 1e-15);
     CHECK(fabs(d.prompt_compute - a.prompt_compute - 4000 * 0.5e-9 / 4) < 1e-15);
+}
+
+/* Decode hits the records the prompt's passes leave in the cache, weighted
+ * by how often the prompt routed to each, times one less the share of its
+ * routes whose expert it used once (the chance a decode route is new);
+ * without routes, the cache's share of all records. */
+K3_TEST(probe_decode_hits_what_the_prompt_leaves_weighted_by_its_routes)
+{
+    k3_cfg c;
+    k3_probe p;
+    fake(&c, &p);
+    k3_stream_plan pl;
+    fake_plan(&pl, 0);
+    pl.expert_slots = 8;   /* 4 a layer */
+    uint32_t sel[8] = {1, 2, 2, 1, 1, 2, 2, 1};
+    k3_probe_routes r = {.n_ids = 4, .top_k = 2, .num_experts = 8, .n_moe = 2, .n_layers = 1, .sel = sel};
+    k3_probe_pred q;
+    /* every id routes to experts 1 and 2, both held: decode reads nothing */
+    k3_probe_predict(&p, &c, &pl, 4, 4, &r, &q);
+    CHECK(fabs(q.decode_hit - 1) < 1e-12);
+    CHECK(fabs(q.decode_io) < 1e-15);
+    /* every route a new expert: nothing says decode will come back to one */
+    uint32_t fresh[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    r.sel = fresh;
+    k3_probe_predict(&p, &c, &pl, 4, 4, &r, &q);
+    CHECK(fabs(q.decode_hit) < 1e-12);
+    CHECK(fabs(q.decode_io - 2 * 2 * 1000 / 1e6) < 1e-15);
+    /* experts 1 (3 routes), 2 (2), 3, 4, 5 (1 each), asked in that order
+     * through 4 slots: 5 evicts 1. Held: 2 + 1 + 1 + 1 = 5 of 8 routes;
+     * 3 of 8 routes are to experts used once */
+    uint32_t mixed[8] = {1, 2, 1, 3, 1, 2, 4, 5};
+    r.sel = mixed;
+    k3_probe_predict(&p, &c, &pl, 4, 4, &r, &q);
+    CHECK(fabs(q.decode_hit - (1 - 3.0 / 8) * 5.0 / 8) < 1e-12);
+    CHECK(fabs(q.decode_io - 2 * 2 * (1 - q.decode_hit) * 1000 / 1e6) < 1e-15);
+    /* no routes: the cache's share of all records, 8 of 16 */
+    k3_probe_predict(&p, &c, &pl, 4, 4, NULL, &q);
+    CHECK(fabs(q.decode_hit - 0.5) < 1e-12);
 }
 
 /* What the layers compute besides products, per pass of C rows at
