@@ -10,6 +10,8 @@
  * O_DIRECT is reported and read buffered).
  *
  *   bin/bench-bench_stream PACKED_DIR [--mb N] [--threads N] [--json]
+ *   bin/bench-bench_stream PACKED_DIR --mix SHARE [--chunk-kb N] [--block MB] [--rounds N]
+ *                          [--busy N] [--mb N] [--threads N]
  *   bin/bench-bench_stream --plan CONFIG_JSON [--ctx N] [--chunk N] [--threads N]
  *                          [--baseline BYTES] [--ram SIZE|floor|double|resident]
  *
@@ -19,6 +21,13 @@
  * caches of SLOTS records under LRU (what k3-run does), LFU (ties to the
  * least recent) and Belady's MIN (the offline optimum: an upper bound no
  * online policy reaches), and prints the hit rates.
+ *
+ * The --mix form reads trunk chunks and expert records in one stream, SHARE
+ * of its bytes trunk (at the floor on k3-width about 0.92), against the same
+ * reads kind by kind: whether the device serves the run's mix as fast as the
+ * separate passes the I/O bound is made of (see mix_main); --busy N keeps N
+ * threads spinning on arithmetic meanwhile, as a run's products keep the
+ * cores busy while its reads go on.
  *
  * The second form prints the memory plan k3-run --ram would make for a
  * model of that config laid out by k3-convert (k3_stream_cfg_groups), with
@@ -288,6 +297,229 @@ static int plan_main(int argc, char **argv)
     return 0;
 }
 
+
+/* --mix: the floor's reads as the run issues them. A stream of trunk chunks
+ * (16 MiB, the units of the layers and the head in order, the cursor going on
+ * across passes so that every byte of the trunk comes round, as in a run) and
+ * whole expert records (random layer and expert), SHARE of its bytes trunk,
+ * served by THREADS threads taking the next read in the stream's order.
+ * Four orders of the same kinds of reads, interleaved pass by pass:
+ *   trunk    - trunk chunks only;
+ *   records  - records only;
+ *   mixed    - one stream, each read the kind that is behind its share (what
+ *              the run's I/O threads see at the floor);
+ *   blocks   - the same bytes in blocks of BLOCK MB of one kind at a time.
+ * "separate" is the rate the mixed bytes would have at the trunk and records
+ * passes' own rates, one kind after the other: the I/O bound bench_stream.sh
+ * uses. */
+typedef struct mread {
+    uint32_t file, layer, expert;   /* layer == UINT32_MAX: a trunk chunk */
+    uint64_t off, n;
+} mread;
+
+typedef struct mjob {
+    const k3_pk *pk;
+    const mread *r;
+    uint32_t n, *next;
+    uint8_t *buf;
+    int rc;
+} mjob;
+
+static void *mix_main_thread(void *arg)
+{
+    mjob *j = arg;
+    for (;;) {
+        uint32_t i = __atomic_fetch_add(j->next, 1, __ATOMIC_RELAXED);
+        if (i >= j->n)
+            return NULL;
+        const mread *r = &j->r[i];
+        k3_err e = {0};
+        int rc = r->layer == UINT32_MAX ? k3_pk_read(j->pk, r->file, j->buf, r->n, r->off, NULL, 0, &e)
+                                        : k3_pk_read_record(j->pk, r->layer, r->expert, j->buf, 0, &e);
+        if (rc < 0) {
+            fprintf(stderr, "bench_stream: %s\n", e.msg);
+            j->rc = -1;
+            return NULL;
+        }
+    }
+}
+
+/* Run reads r[0..n) over nth threads; GB/s, or -1 on a read error. */
+static double mix_run(const k3_pk *pk, const mread *r, uint32_t n, uint32_t nth, uint8_t *bufs, uint64_t bcap)
+{
+    mjob j[64];
+    pthread_t th[64];
+    uint32_t next = 0;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < n; i++)
+        bytes += r[i].n;
+    double t0 = now_s();
+    for (uint32_t t = 0; t < nth; t++) {
+        j[t] = (mjob){pk, r, n, &next, bufs + t * bcap, 0};
+        pthread_create(&th[t], NULL, mix_main_thread, &j[t]);
+    }
+    int bad = 0;
+    for (uint32_t t = 0; t < nth; t++) {
+        pthread_join(th[t], NULL);
+        bad |= j[t].rc;
+    }
+    return bad ? -1 : (double)bytes / (now_s() - t0) / 1e9;
+}
+
+/* --busy: threads that keep the cores busy with arithmetic alone (no memory
+ * traffic) while the reads run, as a run's products do at the floor. */
+static volatile int spin_stop;
+
+static void *spin_main(void *arg)
+{
+    volatile double x = 1.0;
+    (void)arg;
+    while (!spin_stop)
+        for (int i = 0; i < 100000; i++)
+            x = x * 1.0000001 + 1e-9;
+    return NULL;
+}
+
+typedef struct mcursor {
+    const k3_pk *pk;
+    uint32_t unit;
+    uint64_t off;
+    uint64_t seed;
+} mcursor;
+
+static mread mix_next(mcursor *c, int trunk, uint64_t chunk)
+{
+    const k3_pk *pk = c->pk;
+    if (trunk) {
+        const k3_pk_unit *u = k3_pk_unit_at(pk, c->unit);
+        while (u->layer == K3_PK_LAYER_EMBED || c->off >= u->nbytes) {
+            c->unit = (c->unit + 1) % k3_pk_unit_count(pk);
+            c->off = 0;
+            u = k3_pk_unit_at(pk, c->unit);
+        }
+        uint64_t n = u->nbytes - c->off < chunk ? u->nbytes - c->off : chunk;
+        mread r = {u->file, UINT32_MAX, 0, u->offset + c->off, n};
+        c->off += n;
+        return r;
+    }
+    const k3_cfg *cf = k3_pk_cfg(pk);
+    uint32_t l0 = cf->first_k_dense_replace, nl = cf->num_hidden_layers - l0;
+    mread r = {0, l0 + (uint32_t)(rnd(&c->seed) % nl), (uint32_t)(rnd(&c->seed) % cf->num_experts), 0,
+               k3_pk_experts(pk)->stride};
+    return r;
+}
+
+/* The reads of one pass of about mb MB, trunk share `share`, in `order`:
+ * 0 trunk only, 1 records only, 2 mixed, 3 blocks of block bytes. */
+static uint32_t mix_list(mcursor *c, mread *r, uint32_t cap, uint64_t mb, double share, int order, uint64_t block,
+                         uint64_t CH)
+{
+    const uint64_t total = mb * 1000000ull;
+    uint64_t tb = 0, xb = 0;
+    uint32_t n = 0;
+    int cur = 1;
+    uint64_t in_block = 0;
+    while (tb + xb < total && n < cap) {
+        int trunk;
+        if (order == 0 || order == 1)
+            trunk = order == 0;
+        else if (order == 2)
+            trunk = (double)tb <= share * (double)(tb + xb);
+        else {
+            /* a block of records is the trunk block scaled to the share */
+            if (in_block >= (cur ? block : (uint64_t)((double)block * (1 - share) / (share > 0 ? share : 1)))) {
+                cur = !cur;
+                in_block = 0;
+            }
+            trunk = cur;
+            if ((trunk && share <= 0) || (!trunk && share >= 1))
+                trunk = !trunk;
+        }
+        r[n] = mix_next(c, trunk, CH);
+        *(trunk ? &tb : &xb) += r[n].n;
+        in_block += r[n].n;
+        n++;
+    }
+    return n;
+}
+
+static int mix_main(const k3_pk *pk, uint64_t mb, uint32_t nth, double share, uint64_t block_mb, int rounds,
+                    uint64_t tchunk, uint32_t busy)
+{
+    pthread_t spin[64];
+    for (uint32_t i = 0; i < busy; i++)
+        pthread_create(&spin[i], NULL, spin_main, NULL);
+    const k3_pk_expert_layout *lay = k3_pk_experts(pk);
+    if (!lay) {
+        fprintf(stderr, "bench_stream: --mix needs a model with expert records\n");
+        return 2;
+    }
+    uint64_t bcap = lay->stride > (16ull << 20) ? lay->stride : (16ull << 20);
+    bcap = (bcap + (2ull << 20) - 1) & ~((2ull << 20) - 1);
+    uint8_t *bufs = k3_io_huge_alloc(bcap * nth);
+    uint32_t cap = (uint32_t)(mb * 1000000ull / (tchunk < lay->stride ? tchunk : lay->stride)) + 16;
+    mread *r = malloc(sizeof *r * cap);
+    if (!bufs || !r) {
+        fprintf(stderr, "bench_stream: out of memory\n");
+        return 4;
+    }
+    mcursor c = {pk, 0, 0, 99};
+    double rate[4][16];
+    uint64_t tbytes[4][16], xbytes[4][16];
+    static const char *name[4] = {"trunk", "records", "mixed", "blocks"};
+    if (rounds > 16)
+        rounds = 16;
+    for (int p = -1; p < rounds; p++)        /* pass -1: a warm-up, not counted */
+        for (int o = 0; o < 4; o++) {
+            uint32_t n = mix_list(&c, r, cap, mb, share, o, block_mb * 1000000ull, tchunk);
+            uint64_t tb = 0, xb = 0;
+            for (uint32_t i = 0; i < n; i++)
+                *(r[i].layer == UINT32_MAX ? &tb : &xb) += r[i].n;
+            double g = mix_run(pk, r, n, nth, bufs, bcap);
+            if (g < 0)
+                return 4;
+            if (p >= 0) {
+                rate[o][p] = g;
+                tbytes[o][p] = tb;
+                xbytes[o][p] = xb;
+            }
+        }
+    double med[4];
+    for (int o = 0; o < 4; o++) {
+        double s[16];
+        memcpy(s, rate[o], sizeof(double) * (size_t)rounds);
+        qsort(s, (size_t)rounds, sizeof(double), cmp_d);
+        med[o] = s[rounds / 2];
+    }
+    /* the separate bound for the mixed pass's bytes, per round, then its median */
+    double sep[16];
+    for (int p = 0; p < rounds; p++) {
+        double t = (double)tbytes[2][p] / (rate[0][p] * 1e9) + (double)xbytes[2][p] / (rate[1][p] * 1e9);
+        sep[p] = (double)(tbytes[2][p] + xbytes[2][p]) / t / 1e9;
+    }
+    double ss[16];
+    memcpy(ss, sep, sizeof(double) * (size_t)rounds);
+    qsort(ss, (size_t)rounds, sizeof(double), cmp_d);
+    printf("O_DIRECT mix of trunk %llu KiB chunks and expert records (%.0f%% trunk), %u threads, %llu MB a pass, "
+           "medians of %d interleaved rounds%s:\n", (unsigned long long)(tchunk >> 10), 100 * share, nth,
+           (unsigned long long)mb, rounds, busy ? ", the cores kept busy by spinning threads" : "");
+    for (int o = 0; o < 4; o++) {
+        printf("  %-8s %6.3f GB/s  [", name[o], med[o]);
+        for (int p = 0; p < rounds; p++)
+            printf("%s%.2f", p ? " " : "", rate[o][p]);
+        printf("]\n");
+    }
+    printf("  separate %6.3f GB/s  (the mixed bytes at the trunk and records rates of each round)\n", ss[rounds / 2]);
+    printf("  mixed / separate %.2f, blocks of %llu MB / separate %.2f\n", med[2] / ss[rounds / 2],
+           (unsigned long long)block_mb, med[3] / ss[rounds / 2]);
+    spin_stop = 1;
+    for (uint32_t i = 0; i < busy; i++)
+        pthread_join(spin[i], NULL);
+    free(r);
+    k3_io_huge_free(bufs, bcap * nth);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 3 && !strcmp(argv[1], "--plan"))
@@ -300,7 +532,10 @@ int main(int argc, char **argv)
     }
     uint64_t mb = 2048;
     uint32_t nth = 4;
-    int json = 0;
+    int json = 0, rounds = 3;
+    double share = -1;
+    uint64_t block_mb = 512, tchunk_kb = 16384;
+    uint32_t busy = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--mb") && i + 1 < argc)
             mb = strtoull(argv[++i], NULL, 10);
@@ -308,6 +543,16 @@ int main(int argc, char **argv)
             nth = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--json"))
             json = 1;
+        else if (!strcmp(argv[i], "--mix") && i + 1 < argc)
+            share = strtod(argv[++i], NULL);
+        else if (!strcmp(argv[i], "--block") && i + 1 < argc)
+            block_mb = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--chunk-kb") && i + 1 < argc)
+            tchunk_kb = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--busy") && i + 1 < argc)
+            busy = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+            rounds = atoi(argv[++i]);
         else {
             fprintf(stderr, "bench_stream: unknown option %s\n", argv[i]);
             return 2;
@@ -327,6 +572,15 @@ int main(int argc, char **argv)
     for (uint32_t i = 0; i < k3_pk_file_count(pk); i++)
         if (k3_pk_file_at(pk, i)->kind <= K3_PK_FILE_EXPERTS && !k3_pk_file_is_direct(pk, i))
             direct = 0;
+    if (share >= 0) {
+        if (share > 1 || rounds < 1 || block_mb == 0 || tchunk_kb == 0 || tchunk_kb % 4 || busy > 64) {
+            fprintf(stderr, "bench_stream: --mix takes a share in [0, 1], --rounds and --block at least 1\n");
+            return 2;
+        }
+        int rc = mix_main(pk, mb, nth, share, block_mb, rounds, tchunk_kb << 10, busy);
+        k3_pk_close(pk);
+        return rc;
+    }
     /* trunk: as the ring reads it - every unit in 16 MiB chunks spread over
      * the threads, into one huge-page buffer */
     uint64_t umax = 0;
