@@ -119,8 +119,8 @@ $(TEST_BIN): $(TEST_OBJ) $(TOOL_LIB_OBJ) $(LIB)
 	$(CC) $(LDFLAGS_ALL) -o $@ $(TEST_OBJ) $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS) $(TOOL_LDLIBS)
 
 $(BIN)/bench-%: bench/%.c $(TOOL_LIB_OBJ) $(LIB)
-	@mkdir -p $(BIN)
-	$(CC) $(ALL_CFLAGS) $(LDFLAGS_ALL) -o $@ $< $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS) $(TOOL_LDLIBS)
+	@mkdir -p $(BIN) $(O)/bench
+	$(CC) $(ALL_CFLAGS) -MMD -MP -MF $(O)/bench/$*.d -MT $@ $(LDFLAGS_ALL) -o $@ $< $(TOOL_LIB_OBJ) $(LIB) $(LDLIBS) $(TOOL_LDLIBS)
 
 # The MPI build (docs/DIST.md): k3-run-mpi and k3-serve-mpi, the tools' own
 # main (renamed k3_tool_main) under mpi/launch.c, linked with Open MPI. Built
@@ -190,4 +190,5 @@ deps:
 clean:
 	rm -rf build build-asan build-arm64 bin
 
--include $(LIB_OBJ:.o=.d) $(TOOL_LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(foreach d,$(TOOL_DIRS),$(O)/$(d)/main.d)
+-include $(LIB_OBJ:.o=.d) $(TOOL_LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(foreach d,$(TOOL_DIRS),$(O)/$(d)/main.d) \
+         $(wildcard $(O)/mpi/*.d $(O)/bench/*.d)

@@ -67,7 +67,7 @@ static void usage(FILE *f)
 
 static int usage_error(const char *fmt, const char *arg)
 {
-    char b[512];
+    char b[K3_ERR_MSG_MAX + 256];   /* room for a whole error message and its context */
     snprintf(b, sizeof b, fmt, arg);
     return k3_out_error(K3_EARG, "%s (k3-serve --help)", b);
 }
