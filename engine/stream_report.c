@@ -13,6 +13,7 @@
 typedef struct phase {
     double tokens, s, trunk, experts, wait, req, hits;
     double gq, gright, gdrop;   /* guesses queued, right, dropped unread */
+    double ahead;               /* records taken ahead past the cache */
     double idle, depth;         /* device idle seconds, reads in flight x seconds */
 } phase;
 
@@ -29,6 +30,7 @@ static void phases(const k3_stream_run *r, phase *pp, phase *dp)
     pp->gq = (double)a->guess_queued;
     pp->gright = (double)a->guess_right;
     pp->gdrop = (double)a->guess_dropped;
+    pp->ahead = (double)a->read_ahead;
     pp->idle = a->io_idle_s;
     pp->depth = a->io_depth_s;
     dp->tokens = (double)(b->forwards - a->forwards);
@@ -41,6 +43,7 @@ static void phases(const k3_stream_run *r, phase *pp, phase *dp)
     dp->gq = (double)(b->guess_queued - a->guess_queued);
     dp->gright = (double)(b->guess_right - a->guess_right);
     dp->gdrop = (double)(b->guess_dropped - a->guess_dropped);
+    dp->ahead = (double)(b->read_ahead - a->read_ahead);
     dp->idle = b->io_idle_s - a->io_idle_s;
     dp->depth = b->io_depth_s - a->io_depth_s;
 }
@@ -65,6 +68,9 @@ void k3_stream_report_print(const k3_stream_run *r, FILE *f, const char *pre)
         if (ph[i]->gq > 0)
             fprintf(f, "%s  %s read ahead on a guess: %.0f records, %.0f right (%.1f%%), %.0f wrong dropped unread\n",
                     pre, nm[i], ph[i]->gq, ph[i]->gright, 100.0 * per(ph[i]->gright, ph[i]->gq), ph[i]->gdrop);
+        if (ph[i]->ahead > 0)
+            fprintf(f, "%s  %s read ahead past the cache: %.0f records (a layer needed more than it holds)\n", pre,
+                    nm[i], ph[i]->ahead);
     }
     /* decode only: the prompt's counters start with the source, load included */
     if (d.tokens > 0 && d.s > 0)
@@ -92,6 +98,7 @@ static cJSON *phase_json(const phase *p)
     cJSON_AddNumberToObject(o, "guess_queued", p->gq);
     cJSON_AddNumberToObject(o, "guess_right", p->gright);
     cJSON_AddNumberToObject(o, "guess_dropped", p->gdrop);
+    cJSON_AddNumberToObject(o, "read_ahead", p->ahead);
     return o;
 }
 

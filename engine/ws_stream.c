@@ -26,7 +26,10 @@
  * Expert invariants (x_mu): a slot is EMPTY, LOADING (one I/O thread writes
  * it) or READY; xmap maps (layer, expert) to the slot holding or loading it;
  * a slot with ref > 0 or LOADING is never evicted; refs are held from
- * prefetch/acquire to release. A LOADING slot is queued on demand (jobs),
+ * prefetch/acquire to release. The experts a layer needs beyond what
+ * prefetch could take (the cache is smaller than its union) are taken in the
+ * model's order as releases free slots, so their reads run while the
+ * experts before them compute. A LOADING slot is queued on demand (jobs),
  * queued on a guess (gjobs) or being read; only one queued on a guess and
  * not named by its layer's routing is dropped unread (back to EMPTY).
  * Every record is CRC32-checked by
@@ -117,6 +120,7 @@ static void st_close(k3_ws *ws)
     free(w->jobs);
     free(w->gjobs);
     free(w->okey);
+    free(w->pend);
     free(w->held);
     free(w->pf);
     free(w->miss);
@@ -591,7 +595,8 @@ int k3_ws_stream_start(k3_ws *ws, const k3_stream_opts *o, k3_stream_plan *plan,
         w->pf = calloc(w->nslots, sizeof *w->pf);
         w->miss = calloc(w->nslots, sizeof *w->miss);
         w->okey = calloc(c->num_experts, sizeof *w->okey);
-        if (!w->xs || !w->xmap || !w->jobs || !w->gjobs || !w->held || !w->pf || !w->miss || !w->okey)
+        w->pend = calloc(c->num_experts, sizeof *w->pend);
+        if (!w->xs || !w->xmap || !w->jobs || !w->gjobs || !w->held || !w->pf || !w->miss || !w->okey || !w->pend)
             return k3_err_set(e, K3_ENOMEM, "out of memory");
     }
     if (o->trace_path) {

@@ -193,6 +193,9 @@ typedef struct ws_stream {
     uint64_t *okey;            /* num_experts: experts_prefetch's ready order */
     uint32_t *held, nheld;     /* refs of the current batch */
     uint32_t *pf, npf;         /* refs taken by experts_prefetch, not yet claimed */
+    /* the layer's experts the cache could not take at prefetch, in the order
+     * the model will ask for them: read as slots come free (read_ahead) */
+    uint32_t *pend, npend, pend_next, pend_layer;
     uint32_t *miss, nmiss;
     uint64_t tick;
     tbatch tb[NREADERS];       /* what each reader is loading, in chunks */

@@ -274,6 +274,7 @@ void k3_wss_st_experts_guess(k3_ws *ws, uint32_t layer, const uint32_t *ids, uin
     if (!w->xfailed) {
         settle_guesses(w, UINT32_MAX, NULL, 0);   /* a guess no routing came for */
         drop_pf(w);
+        w->npend = 0;
         take_all(w, layer, ids, n, 0);
         for (uint32_t i = 0; i < w->nmiss; i++) {
             xslot *x = &w->xs[w->miss[i]];
@@ -330,8 +331,32 @@ void k3_wss_st_experts_prefetch(k3_ws *ws, uint32_t layer, uint32_t *ids, uint32
         w->gn = 0;
         flush_misses(w);
         ready_order(w, layer, ids, n);
+        /* those without a ref come last, as they were: read as slots free */
+        w->npend = w->pend_next = 0;
+        w->pend_layer = layer;
+        for (uint32_t i = 0; i < n; i++)
+            if (w->okey[i] == UINT64_MAX && ids[i] < ws->cfg.num_experts)
+                w->pend[w->npend++] = ids[i];
     }
     pthread_mutex_unlock(&w->x_mu);
+}
+
+/* Refs on the layer's pending experts, in order, while a slot can be had
+ * without waiting (x_mu held): each record read ahead of its acquire, as
+ * prefetch reads the first cache-full. */
+static void read_ahead(ws_stream *w, uint32_t layer)
+{
+    if (w->pend_layer != layer)
+        return;
+    while (w->pend_next < w->npend && w->npf < w->nslots) {
+        int s = take(w, layer, w->pend[w->pend_next], 1);
+        if (s < 0)
+            break;
+        w->pf[w->npf++] = (uint32_t)s;
+        w->pend_next++;
+        w->st.read_ahead++;
+    }
+    flush_misses(w);
 }
 
 /* The planned slot count once planned (plan before k3_model_open to let the
@@ -363,8 +388,15 @@ int k3_wss_st_experts_acquire(k3_ws *ws, uint32_t layer, const uint32_t *ids, ui
     if (w->xfailed)
         goto failed;
     /* refs taken by prefetch for this batch are claimed; the others stay for
-     * the layer's later batches (dropped when a slot is needed) */
+     * the layer's later batches (dropped when a slot is needed). A pending
+     * expert asked for is taken here, and those before it were */
     w->nheld = 0;
+    for (uint32_t i = 0; i < n && w->pend_layer == layer; i++)
+        for (uint32_t j = w->pend_next; j < w->npend; j++)
+            if (w->pend[j] == ids[i]) {
+                w->pend_next = j + 1;
+                break;
+            }
     for (uint32_t i = 0; i < n; i++) {
         int got = -1;
         for (uint32_t k = 0; k < w->npf; k++) {
@@ -440,7 +472,6 @@ failed:;
 void k3_wss_st_experts_release(k3_ws *ws, uint32_t layer)
 {
     ws_stream *w = (ws_stream *)ws;
-    (void)layer;
     if (!w->started || !w->lay)
         return;
     pthread_mutex_lock(&w->x_mu);
@@ -448,6 +479,8 @@ void k3_wss_st_experts_release(k3_ws *ws, uint32_t layer)
         if (w->held[i] != UINT32_MAX)
             w->xs[w->held[i]].ref--;
     w->nheld = 0;
+    if (!w->xfailed)
+        read_ahead(w, layer);
     pthread_cond_broadcast(&w->x_cv);
     pthread_mutex_unlock(&w->x_mu);
 }

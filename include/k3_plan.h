@@ -163,6 +163,9 @@ typedef struct k3_stream_stats {
     /* read ahead on a guess (k3_ws_experts_guess): records queued, of them
      * those the routing then asked for, and wrong ones dropped unread */
     uint64_t guess_queued, guess_right, guess_dropped;
+    /* taken ahead of the model's acquire as slots came free, when a layer
+     * needed more records than the cache could take at once */
+    uint64_t read_ahead;
     uint64_t ring_drops;            /* prefetched groups the model did not ask for */
     double trunk_wait_s, expert_wait_s;   /* time the model spent waiting for reads */
     /* the device side, from the I/O threads: wall time with no read in
