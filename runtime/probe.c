@@ -19,7 +19,9 @@
  * (compute; the CRC's CPU time over the cores when the run's threads take
  * them all, the products then wait for it; timed over the same pool) and what
  * each layer computes besides its products (probe_rest.c). A decode pass is one id, the
- * cache hitting in proportion to its share of all records. A prompt is the
+ * cache hitting what the prompt's passes leave in it, weighted by the
+ * prompt's routes (decode_hit); without routes, in proportion to its share
+ * of all records. A prompt is the
  * given ids in passes of the chunk: the trunk once per pass (the head, which
  * only the last pass asks for, once, for one row), and per pass the union of
  * the experts its ids route to, each multiplied for the rows routed to it.

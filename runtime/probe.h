@@ -124,8 +124,11 @@ typedef struct k3_probe_pred {
 
 /* Predict a plan: a prompt of n_ids ids (0: one full chunk) in passes of
  * `chunk`, its experts from k3_probe_prompt_experts (r may be NULL), then
- * decode one id per pass. Reads and compute are added (not overlapped); the
- * largest part names the bound. */
+ * decode one id per pass, hitting the records the prompt's passes leave in
+ * the cache in proportion to how often the prompt routed to them, less the
+ * share of its routes to experts it used once (the chance a decode route is
+ * new); without routes, the cache's share of all records. Reads and compute
+ * are added (not overlapped); the largest part names the bound. */
 void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *plan, uint32_t chunk,
                       uint32_t n_ids, const k3_probe_routes *r, k3_probe_pred *out);
 
