@@ -3,8 +3,9 @@
  * (k3_ws_experts_guess) and in the order they will be ready
  * (k3_ws_experts_prefetch): the same numbers with and without, guesses
  * counted honestly (right, dropped unread, never a cache hit), every record
- * the right bytes whatever was guessed, held records handed out first, and on
- * a trained model the guess mostly right.
+ * the right bytes whatever was guessed, held records handed out first, on
+ * a trained model the guess mostly right, and a layer's records past what
+ * the cache holds read as slots come free.
  */
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -235,4 +236,57 @@ K3_TEST(stream_wrong_guesses_still_queued_are_dropped_unread)
     CHECK(dropped > 0);
     CHECK(right + dropped <= q);
     free(out);
+}
+
+/* A layer that needs more records than the cache holds: prefetch takes a
+ * cache-full, and every release takes the next of the rest at once, so
+ * each is read ahead of its acquire; every record the right bytes, each
+ * requested once, also when the model asks out of the order given. */
+K3_TEST(stream_experts_past_the_cache_are_read_as_slots_free)
+{
+    const char *pk = packed_tiny();
+    k3_ws *ref = NULL, *ws = NULL;
+    k3_err e = {0};
+    CHECK_EQ_INT(k3_ws_pk_open(&ref, pk, 0, &e), 0);
+    CHECK_EQ_INT(k3_ws_stream_open(&ws, pk, 1, &e), 0);
+    if (!ref || !ws)
+        return;
+    const k3_cfg *c = k3_ws_cfg(ws);
+    const uint32_t NE = c->num_experts, K = c->num_experts_per_token, L = c->first_k_dense_replace;
+    CHECK(NE >= 4 * K && NE <= 1024);
+    k3_stream_opts o;
+    k3_stream_opts_init(&o);
+    o.budget = K3_STREAM_FLOOR;   /* K slots */
+    k3_stream_plan p;
+    CHECK_EQ_INT(k3_ws_stream_start(ws, &o, &p, &e), 0);
+    CHECK_EQ_INT((int)p.expert_slots, (int)K);
+    uint32_t ids[1024];
+    for (uint32_t i = 0; i < NE; i++)
+        ids[i] = i;
+    k3_stream_stats s0, s1;
+    k3_ws_stream_stats(ws, &s0);
+    k3_ws_experts_prefetch(ws, L, ids, NE);   /* leaves ids in the order they will be ready */
+    k3_ws_stream_stats(ws, &s1);
+    CHECK_EQ_U64(s1.read_ahead - s0.read_ahead, 0);
+    for (uint32_t i = 0; i < NE; i++) {
+        check_records(ws, ref, L, &ids[i], 1);
+        k3_ws_stream_stats(ws, &s1);
+        /* each release freed one slot, which the next pending record took */
+        CHECK_EQ_U64(s1.read_ahead - s0.read_ahead, i + 1 < NE - K ? i + 1 : NE - K);
+    }
+    CHECK_EQ_U64(s1.expert_requests - s0.expert_requests, NE);
+    /* the next layer, asked out of order: the tail first (the prefetched
+     * cache-full given back to make room: requested again later), then the
+     * rest, on demand; nothing is read ahead past a record already asked */
+    for (uint32_t i = 0; i < NE; i++)
+        ids[i] = i;
+    k3_ws_stream_stats(ws, &s0);
+    k3_ws_experts_prefetch(ws, L + 1, ids, NE);
+    check_records(ws, ref, L + 1, &ids[NE - 1], 1);
+    check_records(ws, ref, L + 1, ids, NE - 1);
+    k3_ws_stream_stats(ws, &s1);
+    CHECK_EQ_U64(s1.read_ahead - s0.read_ahead, 0);
+    CHECK_EQ_U64(s1.expert_requests - s0.expert_requests, NE + K);
+    k3_ws_close(ws);
+    k3_ws_close(ref);
 }
