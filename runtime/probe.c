@@ -20,7 +20,7 @@
  * them all, the products then wait for it; timed over the same pool) and what
  * each layer computes besides its products (probe_rest.c). A decode pass is one id, the
  * cache hitting what the prompt's passes leave in it, weighted by the
- * prompt's routes (decode_hit); without routes, in proportion to its share
+ * prompt's routes (k3_probe_prompt_experts); without routes, in proportion to its share
  * of all records. A prompt is the
  * given ids in passes of the chunk: the trunk once per pass (the head, which
  * only the last pass asks for, once, for one row), and per pass the union of
@@ -431,6 +431,7 @@ void k3_probe_prompt_experts(const k3_probe *p, const k3_cfg *c, const k3_probe_
                              uint32_t chunk, uint32_t slots, k3_probe_xcost *out)
 {
     memset(out, 0, sizeof *out);
+    out->decode_hit = -1;
     const uint32_t n_moe = c->num_hidden_layers > c->first_k_dense_replace
                                ? c->num_hidden_layers - c->first_k_dense_replace : 0;
     const uint32_t NE = c->num_experts, K = c->num_experts_per_token;
@@ -444,8 +445,24 @@ void k3_probe_prompt_experts(const k3_probe *p, const k3_cfg *c, const k3_probe_
     if (r && r->n_layers && r->n_ids == n && r->num_experts == NE && r->top_k == K &&
         (rows = malloc(NE * sizeof *rows)) && (stamp = malloc(NE * sizeof *stamp))) {
         const uint32_t cap = slots / n_moe < NE ? slots / n_moe : NE;
-        for (uint32_t l = 0; l < r->n_layers; l++)
-            layer_passes(p, r->sel + (uint64_t)l * n * K, n, K, NE, chunk, cap, rows, stamp, out);
+        const double N = (double)n * K;
+        out->decode_hit = 0;
+        for (uint32_t l = 0; l < r->n_layers; l++) {
+            const uint32_t *sel = r->sel + (uint64_t)l * n * K;
+            layer_passes(p, sel, n, K, NE, chunk, cap, rows, stamp, out);
+            /* decode's hits: what the passes leave (stamp), weighted by the
+               prompt's routes to it (rows: now the counts of all of them) */
+            memset(rows, 0, NE * sizeof *rows);
+            for (uint64_t i = 0; i < (uint64_t)n * K; i++)
+                rows[sel[i]]++;
+            double once = 0, held = 0;
+            for (uint32_t x = 0; x < NE; x++) {
+                once += rows[x] == 1;
+                held += stamp[x] ? rows[x] : 0;
+            }
+            out->decode_hit += (1 - once / N) * held / N;
+        }
+        out->decode_hit /= r->n_layers;
         const double scale = (double)n_moe / r->n_layers;
         out->records *= scale, out->misses *= scale, out->compute_s *= scale, out->mem_s *= scale;
     } else {
@@ -461,52 +478,6 @@ void k3_probe_prompt_experts(const k3_probe *p, const k3_cfg *c, const k3_probe_
     }
     free(rows);
     free(stamp);
-}
-
-/* Decode's hit rate after a prompt of n ids in passes of chunk, from the
- * prompt's routes: the records its passes leave in each sampled layer's LRU
- * (layer_passes), weighted by how often the prompt routed to each, times the
- * chance that a decode route goes to an expert the prompt used at all. That
- * chance is Good-Turing's: one less the share of the prompt's routes whose
- * expert it used only once. A prompt whose ids all route alike (a model
- * whose hidden state does not move, every id a repeat) gives 1 when its
- * experts fit; a prompt of distinct ids that each route afresh gives about 0.
- * The records decode itself brings in are not followed. -1 without routes. */
-static double decode_hit(const k3_probe *p, const k3_cfg *c, const k3_probe_routes *r, uint32_t n, uint32_t chunk,
-                         uint32_t slots)
-{
-    const uint32_t n_moe = c->num_hidden_layers > c->first_k_dense_replace
-                               ? c->num_hidden_layers - c->first_k_dense_replace : 0;
-    const uint32_t NE = c->num_experts, K = c->num_experts_per_token;
-    if (!r || !r->n_layers || !n || r->n_ids != n || r->num_experts != NE || r->top_k != K || !n_moe || !NE || !K)
-        return -1;
-    uint32_t *rows = malloc(NE * sizeof *rows), *cnt = malloc(NE * sizeof *cnt);
-    uint64_t *stamp = malloc(NE * sizeof *stamp);
-    double hit = -1;
-    if (rows && cnt && stamp) {
-        const uint32_t cap = slots / n_moe < NE ? slots / n_moe : NE;
-        const double N = (double)n * K;
-        hit = 0;
-        for (uint32_t l = 0; l < r->n_layers; l++) {
-            const uint32_t *sel = r->sel + (uint64_t)l * n * K;
-            k3_probe_xcost scratch = {0};
-            layer_passes(p, sel, n, K, NE, chunk, cap, rows, stamp, &scratch);
-            memset(cnt, 0, NE * sizeof *cnt);
-            for (uint64_t i = 0; i < (uint64_t)n * K; i++)
-                cnt[sel[i]]++;
-            double once = 0, held = 0;
-            for (uint32_t x = 0; x < NE; x++) {
-                once += cnt[x] == 1;
-                held += stamp[x] ? cnt[x] : 0;
-            }
-            hit += (1 - once / N) * held / N;
-        }
-        hit /= r->n_layers;
-    }
-    free(rows);
-    free(cnt);
-    free(stamp);
-    return hit;
 }
 
 /* The rest (k3_probe_rest) of every layer of c in one pass of C rows at
@@ -537,10 +508,12 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
     const double E = c->num_experts, k = c->num_experts_per_token, rec = (double)p->rec_bytes;
     const double all = n_moe * E;
     chunk = chunk ? chunk : 1;
-    /* decode: one id, the cache hitting as the prompt's routes leave it
-     * (decode_hit), or without routes in proportion to its share of all
-     * records */
-    double hit = decode_hit(p, c, r, n_ids, chunk, plan->expert_slots);
+    const uint32_t n = n_ids ? n_ids : chunk;
+    k3_probe_xcost x;
+    k3_probe_prompt_experts(p, c, r, n, chunk, plan->expert_slots, &x);
+    /* decode: one id, the cache hitting as the prompt's routes leave it, or
+     * without routes (or prompt) in proportion to its share of all records */
+    double hit = n_ids ? x.decode_hit : -1;
     if (hit < 0)
         hit = all > 0 ? fmin(1.0, plan->expert_slots / all) : 1;
     out->decode_hit = hit;
@@ -557,7 +530,6 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
     /* prompt: passes of `chunk` ids; the trunk read and multiplied once per
        pass, the head (its rows only) in the last pass alone, which alone asks
        for logits */
-    const uint32_t n = n_ids ? n_ids : chunk;
     uint64_t gb[K3_CFG_MAX_LAYERS + 1], row, stride;
     k3_stream_cfg_groups(c, gb, &row, &stride);
     const uint32_t hg = c->num_hidden_layers;
@@ -574,8 +546,6 @@ void k3_probe_predict(const k3_probe *p, const k3_cfg *c, const k3_stream_plan *
         rest += rest_pass(p, c, chunk, C, b);
     }
     comp += rest;
-    k3_probe_xcost x;
-    k3_probe_prompt_experts(p, c, r, n, chunk, plan->expert_slots, &x);
     io += p->expert_bps > 0 ? x.misses * rec / p->expert_bps : 0;
     comp += x.compute_s + x.misses * rec * crc;
     mem += x.mem_s;

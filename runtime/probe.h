@@ -101,6 +101,13 @@ typedef struct k3_probe_xcost {
     double misses;                     /* of them read from disk */
     double compute_s, mem_s;           /* their products; the same bytes at T = 1's seconds per byte */
     uint32_t passes;
+    /* with routes, decode's hit rate after the passes: per sampled layer the
+     * records the LRU is left holding, weighted by how often the prompt
+     * routed to each, times one less the share of its routes whose expert it
+     * used only once (Good-Turing: the chance a route goes to an expert not
+     * seen yet); the records decode brings in are not followed. -1 without
+     * routes */
+    double decode_hit;
 } k3_probe_xcost;
 
 void k3_probe_prompt_experts(const k3_probe *p, const k3_cfg *c, const k3_probe_routes *r, uint32_t n,
