@@ -98,24 +98,39 @@ static void check_records(k3_ws *ws, k3_ws *ref, uint32_t layer, const uint32_t 
     }
 }
 
-K3_TEST(stream_guessed_records_are_the_right_bytes_whatever_was_guessed)
+/* The tiny model read plainly (ref) and streamed at the floor (ws: K expert
+ * slots), with at least 4K experts and two MoE layers; -1 (checks failed)
+ * if not. */
+static int open_at_floor(k3_ws **ref, k3_ws **ws)
 {
     const char *pk = packed_tiny();
-    k3_ws *ref = NULL, *ws = NULL;
     k3_err e = {0};
-    CHECK_EQ_INT(k3_ws_pk_open(&ref, pk, 0, &e), 0);
-    CHECK_EQ_INT(k3_ws_stream_open(&ws, pk, 1, &e), 0);
-    if (!ref || !ws)
+    CHECK_EQ_INT(k3_ws_pk_open(ref, pk, 0, &e), 0);
+    CHECK_EQ_INT(k3_ws_stream_open(ws, pk, 1, &e), 0);
+    if (!*ref || !*ws) {
+        k3_ws_close(*ws);
+        k3_ws_close(*ref);
+        return -1;
+    }
+    const k3_cfg *c = k3_ws_cfg(*ws);
+    const uint32_t K = c->num_experts_per_token;
+    CHECK(c->num_experts >= 4 * K && c->first_k_dense_replace + 1 < c->num_hidden_layers);
+    k3_stream_opts o;
+    k3_stream_opts_init(&o);
+    o.budget = K3_STREAM_FLOOR;
+    k3_stream_plan p;
+    CHECK_EQ_INT(k3_ws_stream_start(*ws, &o, &p, &e), 0);
+    CHECK_EQ_INT((int)p.expert_slots, (int)K);
+    return 0;
+}
+
+K3_TEST(stream_guessed_records_are_the_right_bytes_whatever_was_guessed)
+{
+    k3_ws *ref = NULL, *ws = NULL;
+    if (open_at_floor(&ref, &ws) < 0)   /* K slots: every guess competes with the routing for them */
         return;
     const k3_cfg *c = k3_ws_cfg(ws);
     const uint32_t NE = c->num_experts, K = c->num_experts_per_token, L = c->first_k_dense_replace;
-    CHECK(NE >= 4 * K && L + 1 < c->num_hidden_layers);
-    k3_stream_opts o;
-    k3_stream_opts_init(&o);
-    o.budget = K3_STREAM_FLOOR;   /* K slots: every guess competes with the routing for them */
-    k3_stream_plan p;
-    CHECK_EQ_INT(k3_ws_stream_start(ws, &o, &p, &e), 0);
-    CHECK_EQ_INT((int)p.expert_slots, (int)K);
     uint32_t g[256], r[256], all[1024];
     for (uint32_t i = 0; i < K; i++) {
         g[i] = 2 * i;       /* half of the guess right */
@@ -244,22 +259,12 @@ K3_TEST(stream_wrong_guesses_still_queued_are_dropped_unread)
  * requested once, also when the model asks out of the order given. */
 K3_TEST(stream_experts_past_the_cache_are_read_as_slots_free)
 {
-    const char *pk = packed_tiny();
     k3_ws *ref = NULL, *ws = NULL;
-    k3_err e = {0};
-    CHECK_EQ_INT(k3_ws_pk_open(&ref, pk, 0, &e), 0);
-    CHECK_EQ_INT(k3_ws_stream_open(&ws, pk, 1, &e), 0);
-    if (!ref || !ws)
+    if (open_at_floor(&ref, &ws) < 0)   /* K slots */
         return;
     const k3_cfg *c = k3_ws_cfg(ws);
     const uint32_t NE = c->num_experts, K = c->num_experts_per_token, L = c->first_k_dense_replace;
-    CHECK(NE >= 4 * K && NE <= 1024);
-    k3_stream_opts o;
-    k3_stream_opts_init(&o);
-    o.budget = K3_STREAM_FLOOR;   /* K slots */
-    k3_stream_plan p;
-    CHECK_EQ_INT(k3_ws_stream_start(ws, &o, &p, &e), 0);
-    CHECK_EQ_INT((int)p.expert_slots, (int)K);
+    CHECK(NE <= 1024);
     uint32_t ids[1024];
     for (uint32_t i = 0; i < NE; i++)
         ids[i] = i;
